@@ -1,0 +1,122 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sluice_core::{FailurePolicy, PluginDecl, PluginSource, ResourceKey};
+
+/// A WebAssembly component plugin and how to run it. Routes list plugins by
+/// name to build their chain.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "sluice.dev",
+    version = "v1alpha1",
+    kind = "GatewayPlugin",
+    namespaced,
+    status = "GatewayPluginStatus",
+    shortname = "gp",
+    category = "sluice",
+    printcolumn = r#"{"name":"Digest","type":"string","jsonPath":".status.digest"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayPluginSpec {
+    /// Where the Wasm component comes from.
+    pub source: PluginSourceSpec,
+    /// Expected sha256 of the module (64 lower-case hex digits). A module
+    /// with any other digest is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Plugin configuration, handed to the plugin's `configure` as JSON. The
+    /// plugin validates it once per version; a rejected config is reported
+    /// and that version is not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json")]
+    pub config: Option<serde_json::Value>,
+    /// What a failing plugin (trap, timeout, memory limit) does to the
+    /// request: `Closed` fails it with a 500, `Open` skips the plugin.
+    #[serde(default)]
+    pub failure_policy: FailurePolicySpec,
+    /// Deadline for each call into the plugin, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60000))]
+    pub timeout_ms: Option<u32>,
+    /// Cap on the plugin's linear memory, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_memory_mi_b: Option<u32>,
+}
+
+/// Where to load a component from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginSourceSpec {
+    /// A path to a `.wasm` component. In standalone mode a relative path
+    /// resolves against the directory of the YAML file that declares it.
+    pub file: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum FailurePolicySpec {
+    #[default]
+    Closed,
+    Open,
+}
+
+/// Observed state of a GatewayPlugin.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPluginStatus {
+    /// `sha256:<hex>` of the module being served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Plugin configuration, handed to the plugin's `configure` as JSON.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+impl GatewayPlugin {
+    pub fn key(&self) -> ResourceKey {
+        ResourceKey::new(crate::namespace_or_default(&self.metadata), self.metadata.name.clone().unwrap_or_default())
+    }
+
+    /// The domain declaration, with a relative `source.file` resolved
+    /// against `base_dir`.
+    pub fn decl(&self, base_dir: &std::path::Path) -> Result<PluginDecl, String> {
+        let spec = &self.spec;
+        if let Some(pin) = &spec.sha256
+            && !(pin.len() == 64 && pin.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(format!("spec.sha256 must be 64 lower-case hex digits, got `{pin}`"));
+        }
+        if spec.source.file.is_empty() {
+            return Err("spec.source.file is empty".into());
+        }
+        let path = PathBuf::from(&spec.source.file);
+        let path = if path.is_absolute() { path } else { base_dir.join(path) };
+        Ok(PluginDecl {
+            key: self.key(),
+            source: PluginSource::File(path),
+            sha256: spec.sha256.clone(),
+            config: spec.config.clone().unwrap_or_else(|| serde_json::json!({})),
+            failure_policy: match spec.failure_policy {
+                FailurePolicySpec::Closed => FailurePolicy::Closed,
+                FailurePolicySpec::Open => FailurePolicy::Open,
+            },
+            timeout: spec
+                .timeout_ms
+                .map(|ms| Duration::from_millis(ms.max(1).into()))
+                .unwrap_or(PluginDecl::DEFAULT_TIMEOUT),
+            max_memory_bytes: spec.max_memory_mi_b.unwrap_or(PluginDecl::DEFAULT_MAX_MEMORY_MIB).max(1) as usize
+                * 1024
+                * 1024,
+        })
+    }
+}

@@ -1,0 +1,111 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sluice_core::{ApiKeySource, BackendDecl, ResourceKey, RouteDecl};
+
+/// Which model names go to which OpenAI-compatible upstreams, and which
+/// plugins run on the way.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "sluice.dev",
+    version = "v1alpha1",
+    kind = "AIModelRoute",
+    namespaced,
+    status = "AIModelRouteStatus",
+    shortname = "amr",
+    category = "sluice",
+    printcolumn = r#"{"name":"Models","type":"string","jsonPath":".spec.models"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AIModelRouteSpec {
+    /// Model names this route serves, matched exactly against the request's `model`.
+    #[schemars(length(min = 1))]
+    pub models: Vec<String>,
+    /// OpenAI-compatible upstreams, tried in turn; a backend that cannot be
+    /// connected to is skipped for the next one.
+    #[schemars(length(min = 1))]
+    pub backends: Vec<BackendSpec>,
+    /// The plugin chain, in order: GatewayPlugins in this route's namespace.
+    #[serde(default)]
+    pub plugins: Vec<PluginRefSpec>,
+    /// How long to wait for an upstream's response head, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendSpec {
+    /// Base URL, e.g. `https://api.openai.com/v1`; `/chat/completions` etc. are appended.
+    pub url: String,
+    /// Model name sent upstream in place of the client's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Environment variable holding the backend's API key (standalone mode),
+    /// sent as `Authorization: Bearer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// File holding the backend's API key (standalone mode), relative to the YAML file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginRefSpec {
+    /// Name of a GatewayPlugin in the route's namespace.
+    pub name: String,
+}
+
+/// Observed state of an AIModelRoute.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AIModelRouteStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl AIModelRoute {
+    pub fn key(&self) -> ResourceKey {
+        ResourceKey::new(crate::namespace_or_default(&self.metadata), self.metadata.name.clone().unwrap_or_default())
+    }
+
+    pub fn decl(&self, base_dir: &std::path::Path) -> Result<RouteDecl, String> {
+        let spec = &self.spec;
+        if spec.models.is_empty() {
+            return Err("spec.models is empty".into());
+        }
+        if spec.backends.is_empty() {
+            return Err("spec.backends is empty".into());
+        }
+        let key = self.key();
+        let backends = spec
+            .backends
+            .iter()
+            .map(|b| {
+                if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
+                    return Err(format!("backend url `{}` must start with http:// or https://", b.url));
+                }
+                let api_key = match (&b.api_key_env, &b.api_key_file) {
+                    (Some(_), Some(_)) => return Err("a backend sets both apiKeyEnv and apiKeyFile".into()),
+                    (Some(var), None) => Some(ApiKeySource::Env(var.clone())),
+                    (None, Some(file)) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
+                    (None, None) => None,
+                };
+                Ok(BackendDecl { url: b.url.trim_end_matches('/').to_string(), model: b.model.clone(), api_key })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RouteDecl {
+            plugins: spec.plugins.iter().map(|p| ResourceKey::new(key.namespace.clone(), p.name.clone())).collect(),
+            key,
+            models: spec.models.clone(),
+            backends,
+            timeout: spec.timeout_ms.map(Duration::from_millis).unwrap_or(RouteDecl::DEFAULT_TIMEOUT),
+        })
+    }
+}

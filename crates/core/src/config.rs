@@ -1,0 +1,182 @@
+//! The desired state: plugins and routes as declared, before anything is loaded.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// `namespace/name` of a resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ResourceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ResourceKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What happens to a request when a plugin fails (traps, runs out of time or
+/// memory). A plugin's own decision to reject a request is not a failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum FailurePolicy {
+    /// The request fails with a 500.
+    #[default]
+    Closed,
+    /// The plugin is skipped and the request goes on.
+    Open,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum PluginSource {
+    File(PathBuf),
+}
+
+impl fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PluginSource::File(path) => write!(f, "file:{}", path.display()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PluginDecl {
+    pub key: ResourceKey,
+    pub source: PluginSource,
+    /// Expected sha256 of the module, lower-case hex.
+    pub sha256: Option<String>,
+    pub config: serde_json::Value,
+    pub failure_policy: FailurePolicy,
+    /// Deadline for each call into the plugin.
+    pub timeout: Duration,
+    pub max_memory_bytes: usize,
+}
+
+impl PluginDecl {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+    pub const DEFAULT_MAX_MEMORY_MIB: u32 = 64;
+}
+
+/// Where a backend's API key comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiKeySource {
+    Env(String),
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendDecl {
+    /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:9000/v1`.
+    pub url: String,
+    /// Model name to send upstream instead of the client's.
+    pub model: Option<String>,
+    pub api_key: Option<ApiKeySource>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteDecl {
+    pub key: ResourceKey,
+    pub models: Vec<String>,
+    pub backends: Vec<BackendDecl>,
+    /// The plugin chain, in order; plugins live in the route's namespace.
+    pub plugins: Vec<ResourceKey>,
+    /// How long to wait for the upstream's response head.
+    pub timeout: Duration,
+}
+
+impl RouteDecl {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+}
+
+/// A problem with one resource (or one file), reported and not served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ResourceError {
+    pub resource: String,
+    pub message: String,
+}
+
+impl ResourceError {
+    pub fn new(resource: impl fmt::Display, message: impl fmt::Display) -> Self {
+        Self { resource: resource.to_string(), message: message.to_string() }
+    }
+}
+
+/// Everything a config source currently asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DesiredConfig {
+    pub plugins: Vec<PluginDecl>,
+    pub routes: Vec<RouteDecl>,
+}
+
+impl DesiredConfig {
+    /// Problems that make the config unsafe to apply as a whole: the same
+    /// resource declared twice, or a model claimed by two routes (which one
+    /// wins would depend on file order).
+    pub fn conflicts(&self) -> Vec<ResourceError> {
+        let mut errors = Vec::new();
+        let mut seen_plugins = HashMap::new();
+        for plugin in &self.plugins {
+            if seen_plugins.insert(&plugin.key, ()).is_some() {
+                errors.push(ResourceError::new(format!("GatewayPlugin {}", plugin.key), "declared more than once"));
+            }
+        }
+        let mut seen_routes = HashMap::new();
+        let mut model_owner: HashMap<&str, &ResourceKey> = HashMap::new();
+        for route in &self.routes {
+            if seen_routes.insert(&route.key, ()).is_some() {
+                errors.push(ResourceError::new(format!("AIModelRoute {}", route.key), "declared more than once"));
+                continue;
+            }
+            for model in &route.models {
+                if let Some(owner) = model_owner.insert(model, &route.key) {
+                    errors.push(ResourceError::new(
+                        format!("AIModelRoute {}", route.key),
+                        format!("model `{model}` is already served by AIModelRoute {owner}"),
+                    ));
+                }
+            }
+        }
+        errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(name: &str, models: &[&str]) -> RouteDecl {
+        RouteDecl {
+            key: ResourceKey::new("default", name),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            backends: vec![],
+            plugins: vec![],
+            timeout: RouteDecl::DEFAULT_TIMEOUT,
+        }
+    }
+
+    #[test]
+    fn a_model_claimed_twice_is_a_conflict() {
+        let desired = DesiredConfig { plugins: vec![], routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])] };
+        let conflicts = desired.conflicts();
+        assert_eq!(conflicts.len(), 1);
+        assert_eq!(conflicts[0].resource, "AIModelRoute default/b");
+        assert!(conflicts[0].message.contains("default/a"));
+    }
+
+    #[test]
+    fn distinct_routes_do_not_conflict() {
+        let desired = DesiredConfig { plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
+        assert!(desired.conflicts().is_empty());
+    }
+}

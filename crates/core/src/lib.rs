@@ -1,0 +1,12 @@
+//! The Sluice domain: what a gateway is asked to serve, independent of where
+//! the ask came from (a directory of YAML, or the Kubernetes API) and of how
+//! it is served (hyper, wasmtime).
+
+pub mod config;
+pub mod error;
+
+pub use config::{
+    ApiKeySource, BackendDecl, DesiredConfig, FailurePolicy, PluginDecl, PluginSource,
+    ResourceError, ResourceKey, RouteDecl,
+};
+pub use error::{ApiError, ErrorType};

@@ -1,0 +1,262 @@
+//! One immutable version of everything the data plane serves, and how the
+//! next one is built from the desired config and the one before it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::HeaderValue;
+use serde::Serialize;
+use sluice_core::{ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, ResourceError, ResourceKey, RouteDecl};
+use sluice_runtime::{ConfiguredPlugin, Limits, Runtime};
+
+#[derive(Default)]
+pub struct Snapshot {
+    pub generation: u64,
+    routes: Vec<Arc<Route>>,
+    by_model: HashMap<String, Arc<Route>>,
+    plugins: HashMap<ResourceKey, Arc<LoadedPlugin>>,
+}
+
+pub struct LoadedPlugin {
+    pub decl: PluginDecl,
+    pub plugin: ConfiguredPlugin,
+}
+
+pub struct Route {
+    pub decl: RouteDecl,
+    pub chain: Vec<Arc<LoadedPlugin>>,
+    pub backends: Vec<Backend>,
+    next_backend: AtomicUsize,
+}
+
+pub struct Backend {
+    pub url: String,
+    pub model: Option<String>,
+    /// The `Authorization` value to send, already resolved.
+    pub authorization: Option<HeaderValue>,
+}
+
+impl Snapshot {
+    pub fn route_for(&self, model: &str) -> Option<&Arc<Route>> {
+        self.by_model.get(model)
+    }
+
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+}
+
+impl Route {
+    /// Backends in the order to try them: round-robin over requests, the
+    /// rest in turn as fallbacks.
+    pub fn backends_in_order(&self) -> impl Iterator<Item = &Backend> {
+        let start = self.next_backend.fetch_add(1, Ordering::Relaxed) % self.backends.len().max(1);
+        self.backends.iter().cycle().skip(start).take(self.backends.len())
+    }
+}
+
+/// What building a snapshot found wrong; everything else was applied.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BuildReport {
+    pub errors: Vec<ResourceError>,
+}
+
+/// Builds the next snapshot. Each resource stands alone: a plugin or route
+/// that fails keeps its last good version from `previous` (if it had one)
+/// and is reported, and the rest is applied.
+pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapshot) -> (Snapshot, BuildReport) {
+    let mut errors = Vec::new();
+
+    let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, decl, previous));
+    let loaded = futures_util::future::join_all(loads).await;
+    let mut plugins = HashMap::new();
+    for (decl, result) in desired.plugins.iter().zip(loaded) {
+        match result {
+            Ok(plugin) => {
+                plugins.insert(decl.key.clone(), plugin);
+            }
+            Err(message) => {
+                let resource = format!("GatewayPlugin {}", decl.key);
+                match previous.plugins.get(&decl.key) {
+                    Some(last_good) => {
+                        errors.push(ResourceError::new(
+                            resource,
+                            format!("{message}; still serving the last good version {}", last_good.plugin.digest()),
+                        ));
+                        plugins.insert(decl.key.clone(), last_good.clone());
+                    }
+                    None => errors.push(ResourceError::new(resource, message)),
+                }
+            }
+        }
+    }
+
+    let conflicts = desired.conflicts();
+    let conflicting: Vec<&str> = conflicts.iter().map(|c| c.resource.as_str()).collect();
+    let previous_routes: HashMap<&ResourceKey, &Arc<Route>> =
+        previous.routes.iter().map(|r| (&r.decl.key, r)).collect();
+    let mut routes = Vec::new();
+    for decl in &desired.routes {
+        let resource = format!("AIModelRoute {}", decl.key);
+        if conflicting.contains(&resource.as_str()) {
+            continue;
+        }
+        match build_route(decl, &plugins) {
+            Ok(route) => routes.push(Arc::new(route)),
+            Err(message) => match previous_routes.get(&decl.key) {
+                Some(last_good) => {
+                    errors.push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
+                    routes.push(Arc::clone(last_good));
+                }
+                None => errors.push(ResourceError::new(resource, message)),
+            },
+        }
+    }
+    errors.extend(conflicts);
+
+    let mut by_model = HashMap::new();
+    for route in &routes {
+        for model in &route.decl.models {
+            // A last-good route may claim a model a newer route took over; the newer wins.
+            by_model.entry(model.clone()).or_insert_with(|| route.clone());
+        }
+    }
+    // Only plugins some route uses need to stay loaded, but all are kept so
+    // their last good versions survive a route edit.
+    let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
+    (snapshot, BuildReport { errors })
+}
+
+async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) -> Result<Arc<LoadedPlugin>, String> {
+    let bytes = match &decl.source {
+        PluginSource::File(path) => tokio::fs::read(path)
+            .await
+            .map_err(|e| format!("reading {}: {e}", path.display()))?,
+    };
+    let digest = sluice_runtime::digest_of(&bytes);
+    // Same declaration, same bytes: the loaded version is still right.
+    if let Some(last) = previous.plugins.get(&decl.key)
+        && last.decl == *decl
+        && last.plugin.digest() == digest
+    {
+        return Ok(last.clone());
+    }
+    let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| e.to_string())?;
+    let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
+    let plugin = module
+        .configure(&decl.key.to_string(), &decl.config, limits)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(plugin = %decl.key, digest = %module.digest(), "plugin loaded");
+    Ok(Arc::new(LoadedPlugin { decl: decl.clone(), plugin }))
+}
+
+fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>) -> Result<Route, String> {
+    let chain = decl
+        .plugins
+        .iter()
+        .map(|key| plugins.get(key).cloned().ok_or_else(|| format!("plugin {key} is not loaded")))
+        .collect::<Result<_, _>>()?;
+    let backends = decl
+        .backends
+        .iter()
+        .map(|b| {
+            let authorization = b.api_key.as_ref().map(resolve_api_key).transpose()?;
+            Ok(Backend { url: b.url.clone(), model: b.model.clone(), authorization })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Route { decl: decl.clone(), chain, backends, next_backend: AtomicUsize::new(0) })
+}
+
+fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
+    let key = match source {
+        ApiKeySource::Env(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))?,
+        ApiKeySource::File(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("reading API key file {}: {e}", path.display()))?,
+    };
+    let mut value = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+        .map_err(|_| "the API key holds characters not allowed in a header".to_string())?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The admin view of a snapshot.
+#[derive(Serialize)]
+pub struct SnapshotView {
+    generation: u64,
+    routes: Vec<RouteView>,
+    plugins: Vec<PluginView>,
+}
+
+#[derive(Serialize)]
+struct RouteView {
+    name: String,
+    models: Vec<String>,
+    backends: Vec<BackendView>,
+    plugins: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct BackendView {
+    url: String,
+    model: Option<String>,
+    #[serde(rename = "apiKey")]
+    api_key: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PluginView {
+    name: String,
+    source: String,
+    digest: String,
+    failure_policy: FailurePolicy,
+    hooks: Vec<&'static str>,
+    timeout_ms: u128,
+    max_memory_mi_b: usize,
+}
+
+impl Snapshot {
+    pub fn view(&self) -> SnapshotView {
+        let mut plugins: Vec<_> = self
+            .plugins
+            .values()
+            .map(|p| {
+                let hooks = p.plugin.hooks();
+                let mut names = Vec::new();
+                if hooks.contains(sluice_runtime::Hooks::REQUEST) {
+                    names.push("request");
+                }
+                if hooks.contains(sluice_runtime::Hooks::RESPONSE_HEAD) {
+                    names.push("response-head");
+                }
+                PluginView {
+                    name: p.decl.key.to_string(),
+                    source: p.decl.source.to_string(),
+                    digest: p.plugin.digest().to_string(),
+                    failure_policy: p.decl.failure_policy,
+                    hooks: names,
+                    timeout_ms: p.decl.timeout.as_millis(),
+                    max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
+                }
+            })
+            .collect();
+        plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        let routes = self
+            .routes
+            .iter()
+            .map(|r| RouteView {
+                name: r.decl.key.to_string(),
+                models: r.decl.models.clone(),
+                backends: r
+                    .backends
+                    .iter()
+                    .map(|b| BackendView { url: b.url.clone(), model: b.model.clone(), api_key: b.authorization.is_some() })
+                    .collect(),
+                plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
+            })
+            .collect();
+        SnapshotView { generation: self.generation, routes, plugins }
+    }
+}

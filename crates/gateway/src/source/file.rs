@@ -1,0 +1,206 @@
+//! Standalone mode: GatewayPlugin and AIModelRoute YAML in a directory, as
+//! they would be applied to a cluster.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use notify::{RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+use sluice_api::Document;
+use sluice_core::{DesiredConfig, PluginSource, ResourceError};
+use tokio::sync::{mpsc, watch};
+
+use super::{ConfigSource, ConfigUpdate};
+
+/// Editors and `cp` write in several steps; wait for quiet before reading.
+const SETTLE: Duration = Duration::from_millis(50);
+/// Re-read now and then even without an event: a plugin's .wasm may live
+/// outside the watched directory, and some filesystems send no events.
+const POLL: Duration = Duration::from_secs(2);
+
+pub struct FileSource {
+    dir: PathBuf,
+}
+
+impl FileSource {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// Reads the directory now.
+    pub fn read(&self) -> (ConfigUpdate, [u8; 32]) {
+        read_dir(&self.dir)
+    }
+}
+
+impl ConfigSource for FileSource {
+    async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) {
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                let _ = events_tx.send(());
+            }
+        });
+        // Without a watcher, polling alone still picks up every change.
+        let _watcher = match watcher {
+            Ok(mut watcher) => match watcher.watch(&self.dir, RecursiveMode::Recursive) {
+                Ok(()) => Some(watcher),
+                Err(error) => {
+                    tracing::warn!(dir = %self.dir.display(), %error, "cannot watch config dir; polling only");
+                    None
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, "no filesystem watcher; polling only");
+                None
+            }
+        };
+
+        let mut last_fingerprint = None;
+        loop {
+            let dir = self.dir.clone();
+            let read = tokio::task::spawn_blocking(move || read_dir(&dir)).await;
+            if let Ok((update, fingerprint)) = read
+                && last_fingerprint != Some(fingerprint)
+            {
+                last_fingerprint = Some(fingerprint);
+                if updates.send(Some(update)).is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                event = events.recv() => {
+                    if event.is_none() {
+                        return;
+                    }
+                    tokio::time::sleep(SETTLE).await;
+                    while events.try_recv().is_ok() {}
+                }
+                () = tokio::time::sleep(POLL) => {}
+                () = updates.closed() => return,
+            }
+        }
+    }
+}
+
+/// Reads every `*.yaml`/`*.yml` under `dir`, in path order. The fingerprint
+/// covers the YAML text and the size and mtime of each plugin file, so an
+/// unchanged directory is not rebuilt, and a rebuilt plugin is.
+fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
+    let mut hasher = Sha256::new();
+    let mut files = BTreeMap::new();
+    let mut errors = Vec::new();
+    collect_yaml(dir, &mut files, &mut errors);
+    if files.is_empty() && errors.is_empty() {
+        errors.push(ResourceError::new(format!("file {}", dir.display()), "no *.yaml or *.yml files found"));
+    }
+
+    let mut desired = DesiredConfig::default();
+    for (path, text) in &files {
+        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(text.as_bytes());
+        let base = path.parent().unwrap_or(dir);
+        for document in sluice_api::parse_documents(text) {
+            let result = document.map_err(|e| e.to_string()).and_then(|document| match document {
+                Document::Plugin(plugin) => plugin
+                    .decl(base)
+                    .map(|decl| desired.plugins.push(decl))
+                    .map_err(|e| format!("GatewayPlugin {}: {e}", plugin.key())),
+                Document::Route(route) => route
+                    .decl(base)
+                    .map(|decl| desired.routes.push(decl))
+                    .map_err(|e| format!("AIModelRoute {}: {e}", route.key())),
+            });
+            if let Err(message) = result {
+                errors.push(ResourceError::new(format!("file {}", path.display()), message));
+            }
+        }
+    }
+    for plugin in &desired.plugins {
+        let PluginSource::File(path) = &plugin.source;
+        if let Ok(meta) = std::fs::metadata(path) {
+            hasher.update(path.to_string_lossy().as_bytes());
+            hasher.update(meta.len().to_le_bytes());
+            let modified = meta.modified().ok().and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
+            hasher.update(modified.unwrap_or_default().as_nanos().to_le_bytes());
+        }
+    }
+    for error in &errors {
+        hasher.update(error.message.as_bytes());
+    }
+    let fingerprint = hasher.finalize().into();
+    let update = if errors.is_empty() { ConfigUpdate::Desired(desired) } else { ConfigUpdate::Invalid(errors) };
+    (update, fingerprint)
+}
+
+fn collect_yaml(dir: &Path, files: &mut BTreeMap<PathBuf, String>, errors: &mut Vec<ResourceError>) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            errors.push(ResourceError::new(format!("file {}", dir.display()), error));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        // Editors' swap and backup files, and dot-directories (e.g. the
+        // `..data` links of a mounted ConfigMap point at the same files).
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            collect_yaml(&path, files, errors);
+        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    files.insert(path, text);
+                }
+                Err(error) => errors.push(ResourceError::new(format!("file {}", path.display()), error)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLUGIN: &str = "apiVersion: sluice.dev/v1alpha1\nkind: GatewayPlugin\nmetadata: {name: p}\nspec: {source: {file: p.wasm}}\n";
+    const ROUTE: &str = "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata: {name: r}\nspec: {models: [m], backends: [{url: 'http://127.0.0.1:1/v1'}], plugins: [{name: p}]}\n";
+
+    #[test]
+    fn reads_nested_files_and_resolves_paths_per_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/plugin.yaml"), PLUGIN).unwrap();
+        std::fs::write(dir.path().join("route.yml"), ROUTE).unwrap();
+        std::fs::write(dir.path().join(".route.yml.swp"), "garbage: [").unwrap();
+        let (ConfigUpdate::Desired(desired), _) = read_dir(dir.path()) else { panic!("expected a valid config") };
+        assert_eq!(desired.routes.len(), 1);
+        assert_eq!(desired.plugins[0].source, PluginSource::File(dir.path().join("sub/p.wasm")));
+    }
+
+    #[test]
+    fn one_bad_file_invalidates_the_update_and_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("plugin.yaml"), PLUGIN).unwrap();
+        std::fs::write(dir.path().join("route.yaml"), "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nspec: [").unwrap();
+        let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("expected errors") };
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].resource.ends_with("route.yaml"), "{errors:?}");
+    }
+
+    #[test]
+    fn fingerprint_changes_with_content_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("route.yaml"), ROUTE).unwrap();
+        let (_, a) = read_dir(dir.path());
+        let (_, b) = read_dir(dir.path());
+        assert_eq!(a, b);
+        std::fs::write(dir.path().join("route.yaml"), ROUTE.replace("[m]", "[m2]")).unwrap();
+        let (_, c) = read_dir(dir.path());
+        assert_ne!(a, c);
+    }
+}

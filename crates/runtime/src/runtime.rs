@@ -1,0 +1,205 @@
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::bindings::{Plugin, PluginPre};
+use crate::host::PluginState;
+use crate::plugin::PluginModule;
+use crate::{LoadError, digest_of};
+
+/// How often the engine's epoch advances; the granularity of plugin
+/// deadlines and of cooperative yields back to tokio.
+const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Where precompiled modules are kept across restarts; none disables it.
+    pub cache_dir: Option<PathBuf>,
+    /// Plugin instances alive at once across all requests (the pool's size).
+    pub max_instances: u32,
+    /// The most linear memory any one plugin may be given.
+    pub max_memory_bytes: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { cache_dir: None, max_instances: 1000, max_memory_bytes: 1 << 30 }
+    }
+}
+
+/// The plugin runtime could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("starting the plugin runtime: {0}")]
+pub struct StartError(String);
+
+impl StartError {
+    fn wasmtime(error: wasmtime::Error) -> Self {
+        Self(format!("{error:#}"))
+    }
+}
+
+/// The one wasmtime engine of a process, and the modules compiled with it.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    cache_dir: Option<PathBuf>,
+    /// Compiled modules by digest, alive while some snapshot uses them, so a
+    /// config change that keeps a module does not compile it again.
+    modules: Mutex<HashMap<String, Weak<PluginModule>>>,
+}
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> Result<Self, StartError> {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(config.max_instances)
+            .total_core_instances(config.max_instances * 4)
+            .total_memories(config.max_instances * 2)
+            .total_tables(config.max_instances * 4)
+            .total_stacks(config.max_instances)
+            .max_memories_per_component(4)
+            .max_tables_per_component(8)
+            .max_memory_size(config.max_memory_bytes);
+        let mut wasm = Config::new();
+        wasm.epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(StartError::wasmtime)?;
+        Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(StartError::wasmtime)?;
+
+        spawn_epoch_ticker(&engine);
+        if let Some(dir) = &config.cache_dir {
+            std::fs::create_dir_all(dir).map_err(|e| StartError(format!("creating cache dir {}: {e}", dir.display())))?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                cache_dir: config.cache_dir,
+                modules: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Compiles (or finds, in memory or on disk) the module with these bytes,
+    /// checking it against an expected sha256 first. Compilation is CPU-heavy
+    /// and runs off the async executor.
+    pub async fn load(&self, bytes: Vec<u8>, expected_sha256: Option<&str>) -> Result<Arc<PluginModule>, LoadError> {
+        let digest = digest_of(&bytes);
+        if let Some(expected) = expected_sha256
+            && digest.strip_prefix("sha256:") != Some(expected)
+        {
+            return Err(LoadError::DigestMismatch { expected: format!("sha256:{expected}"), actual: digest });
+        }
+        if let Some(module) = self.cached(&digest) {
+            return Ok(module);
+        }
+        let this = self.clone();
+        let compiled = tokio::task::spawn_blocking(move || this.compile(&digest, &bytes))
+            .await
+            .map_err(|e| LoadError::Compile(format!("compile task failed: {e}")))??;
+        Ok(compiled)
+    }
+
+    fn cached(&self, digest: &str) -> Option<Arc<PluginModule>> {
+        let modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules.get(digest).and_then(Weak::upgrade)
+    }
+
+    fn compile(&self, digest: &str, bytes: &[u8]) -> Result<Arc<PluginModule>, LoadError> {
+        let component = match self.artifact_path(digest) {
+            Some(path) => self.compile_cached(&path, bytes)?,
+            None => self.compile_fresh(bytes)?,
+        };
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
+        let pre = PluginPre::new(pre).map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
+        let module = Arc::new(PluginModule::new(digest.to_string(), pre));
+        let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules.retain(|_, m| m.strong_count() > 0);
+        modules.insert(digest.to_string(), Arc::downgrade(&module));
+        Ok(module)
+    }
+
+    fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        if wasmparser_is_core_module(bytes) {
+            return Err(LoadError::Compile(
+                "this is a core Wasm module, not a component; build for wasm32-wasip2 or run `wasm-tools component new`"
+                    .into(),
+            ));
+        }
+        Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// Loads the precompiled artifact if a valid one is on disk, otherwise
+    /// compiles and writes it for the next start.
+    fn compile_cached(&self, path: &Path, bytes: &[u8]) -> Result<Component, LoadError> {
+        if path.exists() {
+            // SAFETY: the cache directory is ours, written only by
+            // `Component::serialize` of this engine configuration (the file
+            // name carries the engine's compatibility hash).
+            match unsafe { Component::deserialize_file(&self.inner.engine, path) } {
+                Ok(component) => return Ok(component),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unreadable cached artifact"),
+            }
+        }
+        let component = self.compile_fresh(bytes)?;
+        if let Err(e) = write_atomically(path, &component) {
+            tracing::warn!(path = %path.display(), error = %e, "could not cache compiled plugin");
+        }
+        Ok(component)
+    }
+
+    fn artifact_path(&self, digest: &str) -> Option<PathBuf> {
+        let dir = self.inner.cache_dir.as_ref()?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.inner.engine.precompile_compatibility_hash().hash(&mut hasher);
+        let hex = digest.trim_start_matches("sha256:");
+        Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
+    }
+}
+
+fn write_atomically(path: &Path, component: &Component) -> Result<(), String> {
+    let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+}
+
+/// Core modules have version 1 in the preamble; components have layer 1.
+fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+/// Advances the engine's epoch until the engine is dropped.
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("sluice-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawning the epoch thread at start-up");
+}

@@ -1,0 +1,171 @@
+//! The `sluice run` process under test.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::config::ConfigDir;
+use crate::http::{Client, Reply, chat_body, empty};
+
+/// How long a gateway may take to serve its first config: compiling plugins
+/// into an empty cache on a busy 2-core machine takes a while.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a gateway is started, beyond its config dir.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Extra environment variables, e.g. for a backend's `apiKeyEnv`.
+    pub env: Vec<(String, String)>,
+    /// `--max-body-bytes`; the gateway's default if unset.
+    pub max_body_bytes: Option<usize>,
+    /// `--cache-dir`; the cache shared by all tests if unset.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// A running gateway on free loopback ports, killed when dropped.
+pub struct Gateway {
+    child: Child,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    log: PathBuf,
+    client: Client,
+    _scratch: TempDir,
+}
+
+impl Gateway {
+    pub async fn start(config: &ConfigDir) -> Gateway {
+        Gateway::start_with(config, Options::default()).await
+    }
+
+    /// Starts `sluice run` and waits until /readyz answers 200.
+    pub async fn start_with(config: &ConfigDir, options: Options) -> Gateway {
+        // A free port found here may be taken by another test before the
+        // gateway binds it; then try again with fresh ports.
+        for _ in 0..3 {
+            let mut gateway = Gateway::spawn(config, &options);
+            match gateway.wait_ready().await {
+                Ok(()) => return gateway,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("the gateway did not become ready; its log:\n{log}"),
+            }
+        }
+        panic!("no free ports for the gateway after 3 attempts");
+    }
+
+    fn spawn(config: &ConfigDir, options: &Options) -> Gateway {
+        let scratch = tempfile::Builder::new().prefix("sluice-e2e-gateway").tempdir().expect("creating a scratch dir");
+        let log = scratch.path().join("gateway.log");
+        let stderr = std::fs::File::create(&log).expect("creating the gateway log");
+        let (listen, admin) = (free_port(), free_port());
+        let cache_dir = options.cache_dir.clone().unwrap_or_else(crate::shared_cache_dir);
+
+        let mut command = Command::new(crate::sluice_binary());
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(config.path())
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--admin")
+            .arg(admin.to_string())
+            .arg("--cache-dir")
+            .arg(&cache_dir);
+        if let Some(bytes) = options.max_body_bytes {
+            command.arg("--max-body-bytes").arg(bytes.to_string());
+        }
+        // Plain, predictable log lines for tests to search.
+        command.env("RUST_LOG", "info").env("NO_COLOR", "1");
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", crate::sluice_binary().display()));
+        Gateway { child, listen, admin, log, client: Client::http1(), _scratch: scratch }
+    }
+
+    /// Polls /readyz; on failure returns the log.
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = self.admin_url("/readyz");
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("(exited with {status})\n{}", self.log()));
+            }
+            let request = hyper::Request::get(&url).body(empty()).expect("a valid GET request");
+            if let Ok(reply) = self.client.try_send(request).await
+                && reply.status == 200
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("(not ready after {READY_TIMEOUT:?})\n{}", self.log()))
+    }
+
+    /// The data plane URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.listen)
+    }
+
+    /// The admin listener URL of `path`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// POSTs a chat request for `model` with `headers`.
+    pub async fn chat(&self, model: &str, headers: &[(&str, &str)]) -> Reply {
+        self.post("/v1/chat/completions", chat_body(model).to_string(), headers).await
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Reply {
+        self.client.post(&self.url(path), body, headers).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.client.get(&self.url(path)).await
+    }
+
+    /// GET /admin/config.
+    pub async fn admin_config(&self) -> Value {
+        let reply = self.client.get(&self.admin_url("/admin/config")).await;
+        assert_eq!(reply.status, 200, "/admin/config: {}", reply.text());
+        reply.json()
+    }
+
+    /// Everything the gateway has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()))
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // A failing test shows what the gateway said.
+        if std::thread::panicking() {
+            eprintln!("--- gateway log ---\n{}--- end of gateway log ---", self.log());
+        }
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
+    listener.local_addr().expect("a bound listener has an address")
+}

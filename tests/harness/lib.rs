@@ -1,0 +1,66 @@
+//! End-to-end test harness: the real `sluice` binary as a child process, the
+//! real plugins from plugins/dist, an echo upstream in-process, real HTTP.
+//!
+//! Build what the tests need with `cargo xtask test`, or by hand:
+//! `cargo build -p sluice && cargo xtask plugins`.
+
+mod config;
+mod echo;
+mod gateway;
+mod http;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{Backend, ConfigDir, Plugin, Route, documents};
+pub use echo::Echo;
+pub use gateway::{Gateway, Options};
+pub use http::{Client, Reply, Streamed, chat_body, sse_events};
+
+const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice and plugins/dist)";
+
+/// The target profile directory the test executable was built into, e.g.
+/// target/debug: test executables live in its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The `sluice` binary built by `cargo build -p sluice`, next to the tests.
+pub fn sluice_binary() -> PathBuf {
+    let path = profile_dir().join(format!("sluice{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.is_file(), "{} is missing: {BUILD_HINT}", path.display());
+    path
+}
+
+/// The absolute path of a built plugin, plugins/dist/<name>.wasm.
+pub fn plugin_wasm(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist").join(format!("{name}.wasm"));
+    let path = path
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("plugin {name}: {}: {e}: {BUILD_HINT}", path.display()));
+    path
+}
+
+/// Compiled plugins, cached across tests and runs: only the first gateway
+/// to load a plugin build pays for compiling it.
+pub fn shared_cache_dir() -> PathBuf {
+    let target = profile_dir().parent().expect("target/<profile> has a parent").to_path_buf();
+    target.join("e2e-cache")
+}
+
+
+/// Polls `probe` every 50 ms until it returns `Some`, and returns that;
+/// panics naming `what` if `within` passes first.
+pub async fn eventually<T>(what: &str, within: std::time::Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
