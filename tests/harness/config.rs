@@ -67,6 +67,10 @@ impl Plugin {
         }
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn config(mut self, config: Value) -> Plugin {
         self.config = Some(config);
         self

@@ -13,6 +13,7 @@ use sluice_core::{FailurePolicy, PluginDecl, PluginSource, ResourceKey};
     group = "sluice.dev",
     version = "v1alpha1",
     kind = "GatewayPlugin",
+    doc = "A WebAssembly component plugin and how to run it; AIModelRoutes list plugins by name to build their chain.",
     namespaced,
     status = "GatewayPluginStatus",
     shortname = "gp",

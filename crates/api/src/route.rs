@@ -13,6 +13,7 @@ use sluice_core::{ApiKeySource, BackendDecl, ResourceKey, RouteDecl};
     group = "sluice.dev",
     version = "v1alpha1",
     kind = "AIModelRoute",
+    doc = "Which model names go to which OpenAI-compatible upstreams, and which plugins run on the way.",
     namespaced,
     status = "AIModelRouteStatus",
     shortname = "amr",

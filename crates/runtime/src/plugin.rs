@@ -159,6 +159,11 @@ fn classify(store: &Store<PluginState>, error: wasmtime::Error, timeout: Duratio
     } else if store.data().memory.hit {
         PluginError::MemoryLimit(store.data().memory.max_bytes)
     } else {
-        PluginError::Trap(format!("{error:#}"))
+        // The client gets the trap's cause; the wasm backtrace goes to the log.
+        tracing::debug!(plugin = &*store.data().plugin, error = format!("{error:?}"), "plugin trapped");
+        match error.downcast_ref::<wasmtime::Trap>() {
+            Some(trap) => PluginError::Trap(trap.to_string()),
+            None => PluginError::Trap(error.to_string()),
+        }
     }
 }

@@ -115,9 +115,12 @@ fn output(cmd: &mut Command) -> Result<String> {
 
 /// A command as it would be typed (without shell quoting).
 fn display(cmd: &Command) -> String {
-    let program = Path::new(cmd.get_program());
     // Show `cargo`, not the absolute path $CARGO points at.
-    let program = program.file_name().unwrap_or(program.as_os_str());
+    let program = if env::var_os("CARGO").is_some_and(|cargo| cargo == cmd.get_program()) {
+        "cargo".as_ref()
+    } else {
+        cmd.get_program()
+    };
     std::iter::once(program)
         .chain(cmd.get_args())
         .map(|part| part.to_string_lossy())

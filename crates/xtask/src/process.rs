@@ -30,6 +30,8 @@ impl Running {
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
+            // The logs go to a file, not a terminal.
+            .env("NO_COLOR", "1")
             // Its own process group: Ctrl-C reaches only us, and we decide
             // when the children stop, rather than racing them to it.
             .process_group(0);
