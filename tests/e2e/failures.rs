@@ -101,14 +101,14 @@ async fn plugin_failures_fail_only_their_own_request() {
 async fn a_spinning_plugin_does_not_hold_up_other_requests() {
     let echo = Echo::start().await;
     let dir = ConfigDir::new();
-    let slow_chaos = Plugin::new("slow-chaos", "chaos").timeout_ms(2000);
+    let slow_chaos = Plugin::new("slow-chaos", "chaos").timeout_ms(3000);
     let add_header = Plugin::new("add-header", "add-header").config(json!({"header": "x-team", "value": "busy"}));
     let spin = Route::new("spin", &["spin"], &echo.url()).plugins(&["slow-chaos"]);
     let other = Route::new("other", &["other"], &echo.url()).plugins(&["add-header"]);
     dir.write("config.yaml", &documents(&[slow_chaos.yaml(), add_header.yaml(), spin.yaml(), other.yaml()]));
     let mut gateway = Gateway::start(&dir).await;
 
-    // As many spinning plugins as this machine has cores, for two seconds.
+    // As many spinning plugins as this machine has cores, for three seconds.
     let url = gateway.url("/v1/chat/completions");
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let spinning: Vec<_> = (0..cores)

@@ -93,7 +93,7 @@ async fn bad_requests_get_openai_shaped_errors() {
     let error = gateway.post("/v1/chat/completions", r#"{"model": "gpt-te"#, &[]).await.assert_error(400, "invalid_json");
     assert_eq!(error["type"], "invalid_request_error");
     for body in [json!({"messages": []}), json!({"model": 7, "messages": []}), json!({"model": ""})] {
-        let error = gateway.post("/v1/chat/completions", body.to_string(), &[]).await.error(400);
+        let error = gateway.post("/v1/chat/completions", body.to_string(), &[]).await.assert_error(400, "missing_model");
         assert_eq!(error["type"], "invalid_request_error", "{body}: {error}");
         assert!(error["message"].as_str().unwrap().contains("model"), "{body}: {error}");
     }

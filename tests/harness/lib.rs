@@ -10,6 +10,7 @@ mod gateway;
 mod http;
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub use config::{Backend, ConfigDir, Plugin, Route, documents};
 pub use echo::Echo;
@@ -38,10 +39,7 @@ pub fn sluice_binary() -> PathBuf {
 /// The absolute path of a built plugin, plugins/dist/<name>.wasm.
 pub fn plugin_wasm(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist").join(format!("{name}.wasm"));
-    let path = path
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("plugin {name}: {}: {e}: {BUILD_HINT}", path.display()));
-    path
+    path.canonicalize().unwrap_or_else(|e| panic!("plugin {name}: {}: {e}: {BUILD_HINT}", path.display()))
 }
 
 /// Compiled plugins, cached across tests and runs: only the first gateway
@@ -51,16 +49,15 @@ pub fn shared_cache_dir() -> PathBuf {
     target.join("e2e-cache")
 }
 
-
 /// Polls `probe` every 50 ms until it returns `Some`, and returns that;
 /// panics naming `what` if `within` passes first.
-pub async fn eventually<T>(what: &str, within: std::time::Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + within;
+pub async fn eventually<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
     loop {
         if let Some(value) = probe().await {
             return value;
         }
-        assert!(std::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -75,7 +75,18 @@ fn sluice_binary(profile: &str) -> PathBuf {
 
 /// The cargo that runs us, so nested builds use the same toolchain.
 fn cargo() -> Command {
-    Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    // `cargo run` describes the xtask package to us in CARGO_PKG_* and
+    // CARGO_MANIFEST_*. Build scripts such as ring's rerun when those change,
+    // so passing them on would make every nested build and every build from
+    // a plain shell invalidate each other.
+    for (name, _) in env::vars_os() {
+        let name_str = name.to_string_lossy();
+        if name_str.starts_with("CARGO_PKG_") || name_str.starts_with("CARGO_MANIFEST_") {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd
 }
 
 /// Announces a step of a task.

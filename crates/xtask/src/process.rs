@@ -4,7 +4,6 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -31,10 +30,9 @@ impl Running {
             .stdout(file.try_clone()?)
             .stderr(file)
             // The logs go to a file, not a terminal.
-            .env("NO_COLOR", "1")
-            // Its own process group: Ctrl-C reaches only us, and we decide
-            // when the children stop, rather than racing them to it.
-            .process_group(0);
+            .env("NO_COLOR", "1");
+        // It stays in our process group, so a Ctrl-C that kills us before we
+        // handle it stops it too.
         println!("$ {}  > {}", display(&cmd), log.display());
         let child = cmd
             .spawn()
@@ -151,20 +149,25 @@ pub fn free_local_addr() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// A channel that receives a message when the user presses Ctrl-C.
-pub fn ctrl_c() -> Result<mpsc::Receiver<()>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // Register the handler before returning, so an early Ctrl-C is caught
+/// A channel that receives a message on Ctrl-C (SIGINT) or SIGTERM.
+pub fn shutdown_signal() -> Result<mpsc::Receiver<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Register the handlers before returning, so an early signal is caught
     // rather than killing us with the children still running.
-    let mut interrupt = {
+    let (mut interrupt, mut terminate) = {
         let _context = runtime.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?
+        (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)
     };
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        runtime.block_on(interrupt.recv());
+        runtime.block_on(async {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        });
         let _ = tx.send(());
     });
     Ok(rx)

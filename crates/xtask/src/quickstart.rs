@@ -81,13 +81,19 @@ pub fn main(args: Args) -> Result<()> {
 
     print_try_it(&args, &config_dir, &logs);
 
-    let interrupted = process::ctrl_c()?;
+    let shutdown = process::shutdown_signal()?;
     loop {
-        match interrupted.recv_timeout(Duration::from_millis(200)) {
+        match shutdown.recv_timeout(Duration::from_millis(200)) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => {
-                upstream.check_alive()?;
-                gateway.check_alive()?;
+                if let Err(exited) = upstream.check_alive().and_then(|()| gateway.check_alive()) {
+                    // A terminal's Ctrl-C reaches the children too, and one
+                    // may exit before we hear of it: that is not a failure.
+                    if shutdown.recv_timeout(Duration::from_millis(500)).is_ok() {
+                        break;
+                    }
+                    return Err(exited);
+                }
             }
         }
     }
