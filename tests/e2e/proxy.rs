@@ -211,3 +211,29 @@ async fn h2c_prior_knowledge_is_served() {
     assert_eq!(echoed["model"], "gpt-test");
     h2c.post(&url, chat_body("nope").to_string(), &[]).await.assert_error(404, "model_not_found");
 }
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_streams() {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    dir.write("route.yaml", &Route::new("chat", &["gpt-test"], &echo.url()).yaml());
+    let mut gateway = Gateway::start(&dir).await;
+
+    let mut body = chat_body("gpt-test");
+    body["stream"] = true.into();
+    // About a second of streaming, with SIGTERM arriving early in it.
+    let knobs = [("x-echo-chunks", "5"), ("x-echo-chunk-delay-ms", "200")];
+    let url = gateway.url("/v1/chat/completions");
+    let client = gateway.client().clone();
+    let in_flight = tokio::spawn(async move { client.post_streaming(&url, body.to_string(), &knobs).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gateway.terminate();
+
+    let streamed = in_flight.await.unwrap();
+    assert_eq!(streamed.status, 200);
+    let events = streamed.events();
+    assert_eq!(events.last().map(|(_, data)| data.as_str()), Some("[DONE]"), "the stream was cut: {events:?}");
+    let status = gateway.wait_exit(Duration::from_secs(10)).await.expect("the gateway exits after draining");
+    assert!(status.success(), "exit status {status}");
+    assert!(gateway.log().contains("draining"), "{}", gateway.log());
+}
