@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::process::{self, Running};
-use crate::{cargo, cargo_metadata, output, plugins, run, sluice_binary, step};
+use crate::{cargo, cargo_metadata, display, output, plugins, run, sluice_binary, step};
 
 /// The newest oha that builds with our toolchain (1.16 needs rustc 1.88).
 const OHA_VERSION: &str = "1.16.0";
@@ -155,8 +155,9 @@ fn measure(args: &Args, url: &str) -> Result<Measurement> {
     let warmup = output(&mut oha("2s"))?;
     parse_oha(&warmup).with_context(|| format!("warm-up against {url}"))?;
 
-    println!("$ oha ... -z {} {url}", args.duration);
-    let report = output(&mut oha(&args.duration))?;
+    let mut measured = oha(&args.duration);
+    println!("$ {}", display(&measured));
+    let report = output(&mut measured)?;
     parse_oha(&report).with_context(|| format!("measuring {url}"))
 }
 

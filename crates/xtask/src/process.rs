@@ -153,12 +153,17 @@ pub fn free_local_addr() -> Result<SocketAddr> {
 pub fn shutdown_signal() -> Result<mpsc::Receiver<()>> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     // Register the handlers before returning, so an early signal is caught
     // rather than killing us with the children still running.
     let (mut interrupt, mut terminate) = {
         let _context = runtime.enter();
-        (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
     };
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {

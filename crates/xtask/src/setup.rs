@@ -26,6 +26,10 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Building the sluice binary");
     run(cargo().args(["build", "--package", "sluice"]))?;
 
+    // The plugins' own unit tests run natively; the guest workspace is separate.
+    step("Running the plugins' unit tests");
+    run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
+
     step("Running the test suite");
     run(cargo().args(["test", "--workspace"]).args(cargo_test_args))
 }
