@@ -60,7 +60,7 @@ fn list_models(snapshot: &Snapshot) -> http::Response<Body> {
 
 /// The request as the chain edits it.
 struct Outgoing {
-    method: String,
+    method: Method,
     path: String,
     headers: HeaderMap,
     body: Bytes,
@@ -77,7 +77,7 @@ async fn proxy(
     let route = snapshot.route_for(&model).ok_or_else(|| ApiError::model_not_found(&model))?;
 
     let mut outgoing = Outgoing {
-        method: parts.method.to_string(),
+        method: parts.method,
         path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_else(|| parts.uri.path().to_string()),
         headers: parts.headers,
         body,
@@ -89,12 +89,7 @@ async fn proxy(
         match run_request_hook(plugin, route, &model, &mut outgoing).await {
             Ok(Step::Continue(instance)) => awaiting_response.extend(instance.map(|i| (plugin, i))),
             Ok(Step::Respond(response)) => return Ok(response),
-            Err(error) => match plugin.decl.failure_policy {
-                FailurePolicy::Closed => return Err(ApiError::plugin_failed(plugin.plugin.name(), error)),
-                FailurePolicy::Open => {
-                    tracing::warn!(plugin = plugin.plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)")
-                }
-            },
+            Err(error) => apply_failure_policy(plugin, error)?,
         }
     }
 
@@ -109,17 +104,23 @@ async fn proxy(
             apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::Trap)
         });
         if let Err(error) = result {
-            match plugin.decl.failure_policy {
-                FailurePolicy::Closed => return Err(ApiError::plugin_failed(plugin.plugin.name(), error)),
-                FailurePolicy::Open => {
-                    tracing::warn!(plugin = plugin.plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)")
-                }
-            }
+            apply_failure_policy(plugin, error)?;
         }
     }
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced.
     Ok(http::Response::from_parts(head, body.map_err(Into::into).boxed()))
+}
+
+/// A failed plugin fails the request (`Closed`) or is skipped (`Open`).
+fn apply_failure_policy(plugin: &LoadedPlugin, error: PluginError) -> Result<(), ApiError> {
+    match plugin.decl.failure_policy {
+        FailurePolicy::Closed => Err(ApiError::plugin_failed(plugin.plugin.name(), error)),
+        FailurePolicy::Open => {
+            tracing::warn!(plugin = plugin.plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)");
+            Ok(())
+        }
+    }
 }
 
 async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
@@ -168,7 +169,7 @@ async fn run_request_hook(
     let mut instance = plugin.plugin.instantiate().await?;
     if hooks.contains(Hooks::REQUEST) {
         let view = sluice_runtime::Request {
-            method: outgoing.method.clone(),
+            method: outgoing.method.to_string(),
             path: outgoing.path.clone(),
             headers: to_pairs(&outgoing.headers),
             body: outgoing.body.to_vec(),
@@ -213,7 +214,6 @@ async fn forward(
     // `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
     // backend URL names the API root, `/v1` included.
     let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path).to_string();
-    let method = Method::from_bytes(outgoing.method.as_bytes()).unwrap_or(Method::POST);
     let timeout = route.decl.timeout;
     let mut last_error = None;
     for backend in route.backends_in_order() {
@@ -222,7 +222,7 @@ async fn forward(
             None => outgoing.body.clone(),
         };
         let mut request = http::Request::new(Full::new(body));
-        *request.method_mut() = method.clone();
+        *request.method_mut() = outgoing.method.clone();
         *request.uri_mut() = format!("{}{suffix}", backend.url)
             .parse()
             .map_err(|e| ApiError::internal(format!("backend url {}: {e}", backend.url)))?;
