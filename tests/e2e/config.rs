@@ -145,12 +145,19 @@ async fn a_restart_loads_plugins_from_the_compile_cache() {
     for name in ["add-header", "deny"] {
         let hex = sha256_hex(&plugin_wasm(name));
         let prefix = format!("{hex}-");
-        assert!(artifacts.keys().any(|file| file.starts_with(&prefix)), "no {name} artifact {prefix}*.cwasm in {artifacts:?}");
+        assert!(
+            artifacts.keys().any(|file| file.starts_with(&prefix)),
+            "no {name} artifact {prefix}*.cwasm in {artifacts:?}"
+        );
     }
 
     let second = Gateway::start_with(&dir, options).await;
     assert_eq!(second.chat("gpt-test", &[]).await.echoed()["headers"]["x-team"], "cached");
-    assert_eq!(cached_artifacts(cache.path()), artifacts, "the second start compiled again instead of loading the cache");
+    assert_eq!(
+        cached_artifacts(cache.path()),
+        artifacts,
+        "the second start compiled again instead of loading the cache"
+    );
 }
 
 /// The `*.cwasm` files in `dir`, with their modification times.

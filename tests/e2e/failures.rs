@@ -51,12 +51,8 @@ async fn plugin_failures_fail_only_their_own_request() {
     // with time enough to get there.
     let fast = |name: &str| Plugin::new(name, "chaos").timeout_ms(50);
     let small = |name: &str| Plugin::new(name, "chaos").timeout_ms(2000).max_memory_mib(16);
-    let plugins = [
-        fast("fast-closed"),
-        fast("fast-open").fail_open(),
-        small("small-closed"),
-        small("small-open").fail_open(),
-    ];
+    let plugins =
+        [fast("fast-closed"), fast("fast-open").fail_open(), small("small-closed"), small("small-open").fail_open()];
     let routes = plugins.clone().map(|p| {
         let name = p.name().to_string();
         Route::new(&name, &[&name], &echo.url()).plugins(&[&name]).yaml()
@@ -123,7 +119,11 @@ async fn a_spinning_plugin_does_not_hold_up_other_requests() {
         let started = Instant::now();
         let reply = gateway.chat("other", &[]).await;
         assert_eq!(reply.echoed()["headers"]["x-team"], "busy");
-        assert!(started.elapsed() < Duration::from_secs(1), "a request took {:?} beside spinning plugins", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "a request took {:?} beside spinning plugins",
+            started.elapsed()
+        );
     }
     assert!(spinning.iter().all(|s| !s.is_finished()), "the spinning requests ended before the others were tested");
 

@@ -62,7 +62,8 @@ async fn the_chain_runs_in_order_and_response_hooks_in_reverse() {
 async fn a_plugin_can_answer_directly() {
     let echo = Echo::start().await;
     let dir = ConfigDir::new();
-    let deny = Plugin::new("deny", "deny").config(json!({"header": "x-tenant", "values": ["blocked"], "models": ["denied-model"]}));
+    let deny = Plugin::new("deny", "deny")
+        .config(json!({"header": "x-tenant", "values": ["blocked"], "models": ["denied-model"]}));
     let route = Route::new("chat", &["gpt-test", "denied-model"], &echo.url()).plugins(&["deny"]);
     dir.write("config.yaml", &documents(&[deny.yaml(), route.yaml()]));
     let gateway = Gateway::start(&dir).await;
@@ -90,10 +91,12 @@ async fn bad_requests_get_openai_shaped_errors() {
 
     let error = gateway.chat("no-such-model", &[]).await.assert_error(404, "model_not_found");
     assert!(error["message"].as_str().unwrap().contains("no-such-model"), "{error}");
-    let error = gateway.post("/v1/chat/completions", r#"{"model": "gpt-te"#, &[]).await.assert_error(400, "invalid_json");
+    let error =
+        gateway.post("/v1/chat/completions", r#"{"model": "gpt-te"#, &[]).await.assert_error(400, "invalid_json");
     assert_eq!(error["type"], "invalid_request_error");
     for body in [json!({"messages": []}), json!({"model": 7, "messages": []}), json!({"model": ""})] {
-        let error = gateway.post("/v1/chat/completions", body.to_string(), &[]).await.assert_error(400, "missing_model");
+        let error =
+            gateway.post("/v1/chat/completions", body.to_string(), &[]).await.assert_error(400, "missing_model");
         assert_eq!(error["type"], "invalid_request_error", "{body}: {error}");
         assert!(error["message"].as_str().unwrap().contains("model"), "{body}: {error}");
     }

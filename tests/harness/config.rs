@@ -12,7 +12,9 @@ pub struct ConfigDir {
 
 impl ConfigDir {
     pub fn new() -> ConfigDir {
-        ConfigDir { dir: tempfile::Builder::new().prefix("sluice-e2e-config").tempdir().expect("creating a config dir") }
+        ConfigDir {
+            dir: tempfile::Builder::new().prefix("sluice-e2e-config").tempdir().expect("creating a config dir"),
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -42,8 +42,7 @@ impl Client {
 
     /// POSTs `body` as JSON with a content-length, plus `headers`.
     pub async fn post(&self, url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Reply {
-        self.send(post_request(url, Full::new(body.into()).map_err(|never| match never {}).boxed(), headers))
-            .await
+        self.send(post_request(url, Full::new(body.into()).map_err(|never| match never {}).boxed(), headers)).await
     }
 
     /// POSTs `chunks` with no content-length: the body goes out chunked.

@@ -23,10 +23,7 @@ const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice 
 /// target/debug: test executables live in its `deps/`.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable has a path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in target/<profile>/deps")
-        .to_path_buf()
+    exe.parent().and_then(Path::parent).expect("the test executable lives in target/<profile>/deps").to_path_buf()
 }
 
 /// The `sluice` binary built by `cargo build -p sluice`, next to the tests.

@@ -1,9 +1,9 @@
 //! Sluice's custom resources, `sluice.dev/v1alpha1`: the same types serve the
 //! Kubernetes API (CRDs generated from them) and standalone YAML files.
 
+mod documents;
 mod plugin;
 mod route;
-mod documents;
 
 pub use documents::{Document, DocumentError, parse_documents};
 pub use plugin::{GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, PluginSourceSpec};

@@ -32,8 +32,12 @@ fn every_yaml_under_deploy_deserializes() {
             let doc = doc.unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             let dir = file.parent().unwrap();
             match doc {
-                sluice_api::Document::Plugin(p) => drop(p.decl(dir).unwrap_or_else(|e| panic!("{}: {e}", file.display()))),
-                sluice_api::Document::Route(r) => drop(r.decl(dir).unwrap_or_else(|e| panic!("{}: {e}", file.display()))),
+                sluice_api::Document::Plugin(p) => {
+                    drop(p.decl(dir).unwrap_or_else(|e| panic!("{}: {e}", file.display())))
+                }
+                sluice_api::Document::Route(r) => {
+                    drop(r.decl(dir).unwrap_or_else(|e| panic!("{}: {e}", file.display())))
+                }
             }
         }
     }

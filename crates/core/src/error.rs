@@ -32,7 +32,12 @@ impl ApiError {
     }
 
     pub fn invalid_json(detail: impl std::fmt::Display) -> Self {
-        Self::new(400, ErrorType::InvalidRequestError, "invalid_json", format!("request body is not valid JSON: {detail}"))
+        Self::new(
+            400,
+            ErrorType::InvalidRequestError,
+            "invalid_json",
+            format!("request body is not valid JSON: {detail}"),
+        )
     }
 
     pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
@@ -53,7 +58,12 @@ impl ApiError {
     }
 
     pub fn method_not_allowed(method: &str, path: &str) -> Self {
-        Self::new(405, ErrorType::InvalidRequestError, "method_not_allowed", format!("{method} is not allowed on {path}"))
+        Self::new(
+            405,
+            ErrorType::InvalidRequestError,
+            "method_not_allowed",
+            format!("{method} is not allowed on {path}"),
+        )
     }
 
     pub fn too_large(limit: usize) -> Self {

@@ -51,10 +51,7 @@ pub struct EchoOptions {
 
 impl Default for EchoOptions {
     fn default() -> Self {
-        Self {
-            chunk_delay: Duration::from_millis(30),
-            chunks: 8,
-        }
+        Self { chunk_delay: Duration::from_millis(30), chunks: 8 }
     }
 }
 
@@ -109,9 +106,7 @@ pub async fn serve(
 }
 
 async fn handle(req: Request<Incoming>, opts: &EchoOptions) -> Response<Body> {
-    respond(req, opts)
-        .await
-        .unwrap_or_else(|rejected| error(rejected.status, rejected.code, &rejected.message))
+    respond(req, opts).await.unwrap_or_else(|rejected| error(rejected.status, rejected.code, &rejected.message))
 }
 
 /// Why a request got an OpenAI error response instead of an echo.
@@ -124,11 +119,7 @@ struct Rejection {
 impl Rejection {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let message = message.into();
-        Self {
-            status,
-            code,
-            message,
-        }
+        Self { status, code, message }
     }
 }
 
@@ -145,10 +136,7 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     // A backend URL may be `http://host/v1` or `http://host`.
-    let route = path
-        .strip_prefix("/v1")
-        .filter(|rest| rest.starts_with('/'))
-        .unwrap_or(&path);
+    let route = path.strip_prefix("/v1").filter(|rest| rest.starts_with('/')).unwrap_or(&path);
     let (endpoint, method) = match route {
         "/healthz" => (Endpoint::Health, Method::GET),
         "/models" => (Endpoint::Models, Method::GET),
@@ -156,20 +144,12 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
         "/completions" => (Endpoint::Completions, Method::POST),
         "/embeddings" => (Endpoint::Embeddings, Method::POST),
         _ => {
-            return Err(Rejection::new(
-                StatusCode::NOT_FOUND,
-                "unknown_url",
-                format!("no route for {path}"),
-            ));
+            return Err(Rejection::new(StatusCode::NOT_FOUND, "unknown_url", format!("no route for {path}")));
         }
     };
     if parts.method != method {
         let message = format!("{path} expects {method}, not {}", parts.method);
-        return Err(Rejection::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            &message,
-        ));
+        return Err(Rejection::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", &message));
     }
     if endpoint == Endpoint::Health {
         return Ok(response(StatusCode::OK, "text/plain", "ok"));
@@ -186,22 +166,14 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
             ));
         }
         Err(err) => {
-            return Err(Rejection::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                format!("reading the body: {err}"),
-            ));
+            return Err(Rejection::new(StatusCode::BAD_REQUEST, "invalid_body", format!("reading the body: {err}")));
         }
     };
     if !knobs.delay.is_zero() {
         tokio::time::sleep(knobs.delay).await;
     }
     if let Some(status) = knobs.status {
-        return Err(Rejection::new(
-            status,
-            "echo_status",
-            format!("x-echo-status asked for {}", status.as_u16()),
-        ));
+        return Err(Rejection::new(status, "echo_status", format!("x-echo-status asked for {}", status.as_u16())));
     }
     if endpoint == Endpoint::Models {
         let data: Vec<Value> = MODELS
@@ -211,14 +183,9 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
         return Ok(json_response(&json!({"object": "list", "data": data})));
     }
 
-    let request: serde_json::Map<String, Value> =
-        serde_json::from_slice(&bytes).map_err(|err| {
-            Rejection::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                format!("request body is not a JSON object: {err}"),
-            )
-        })?;
+    let request: serde_json::Map<String, Value> = serde_json::from_slice(&bytes).map_err(|err| {
+        Rejection::new(StatusCode::BAD_REQUEST, "invalid_json", format!("request body is not a JSON object: {err}"))
+    })?;
     let model = request.get("model").unwrap_or(&Value::Null);
     let model_name = model.as_str().unwrap_or("echo").to_owned();
 
@@ -227,12 +194,8 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
     }
 
     let headers = parts.headers.keys().map(|name| {
-        let values: Vec<_> = parts
-            .headers
-            .get_all(name)
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()))
-            .collect();
+        let values: Vec<_> =
+            parts.headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes())).collect();
         (name.as_str().to_owned(), values.join(", "))
     });
     let (kind, prompt) = match endpoint {
@@ -250,14 +213,8 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
     };
     let reply = Reply {
         kind,
-        id: format!(
-            "{}-echo-{}",
-            kind.id_prefix(),
-            NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        id: format!("{}-echo-{}", kind.id_prefix(), NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: model_name,
         // Serializing borrowed JSON values and strings cannot fail.
         content: serde_json::to_string(&echoed).unwrap_or_default(),
@@ -267,11 +224,8 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
     if request.get("stream").and_then(Value::as_bool) != Some(true) {
         return Ok(json_response(&reply.completion()));
     }
-    let include_usage = request
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let include_usage =
+        request.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let (tx, body) = Channel::new(1);
     tokio::spawn(reply.stream(tx, knobs.chunks, knobs.chunk_delay, include_usage));
     let mut response = Response::new(body.boxed());
@@ -299,11 +253,7 @@ impl Knobs {
                 Ok(status) if status.as_u16() >= 300 => Some(status),
                 _ => {
                     let message = format!("x-echo-status {code} is not a final, non-2xx status");
-                    return Err(Rejection::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_echo_header",
-                        message,
-                    ));
+                    return Err(Rejection::new(StatusCode::BAD_REQUEST, "invalid_echo_header", message));
                 }
             },
         };
@@ -322,18 +272,9 @@ fn header_value<T: FromStr>(headers: &HeaderMap, name: &str) -> Result<Option<T>
     let Some(value) = headers.get(name) else {
         return Ok(None);
     };
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            Rejection::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_echo_header",
-                format!("{name} must be a non-negative integer"),
-            )
-        })
+    value.to_str().ok().and_then(|v| v.trim().parse().ok()).map(Some).ok_or_else(|| {
+        Rejection::new(StatusCode::BAD_REQUEST, "invalid_echo_header", format!("{name} must be a non-negative integer"))
+    })
 }
 
 /// The document a reply's content carries.
@@ -399,11 +340,7 @@ impl Reply {
     fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
-                let delta = if finish.is_some() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
+                let delta = if finish.is_some() { json!({}) } else { json!({"content": text}) };
                 json!({"index": 0, "delta": delta, "finish_reason": finish})
             }
             Kind::Completion => {
@@ -446,41 +383,25 @@ impl Reply {
 
     /// Sends the reply as server-sent events, pausing before each content chunk
     /// so clients see a response that really arrives over time.
-    async fn stream(
-        self,
-        mut tx: Sender<Bytes>,
-        chunks: usize,
-        chunk_delay: Duration,
-        include_usage: bool,
-    ) {
+    async fn stream(self, mut tx: Sender<Bytes>, chunks: usize, chunk_delay: Duration, include_usage: bool) {
         let mut events = Vec::new();
         if self.kind == Kind::Chat {
             let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
-            events.push((
-                Duration::ZERO,
-                self.envelope(self.chunk_object(), vec![role], None),
-            ));
+            events.push((Duration::ZERO, self.envelope(self.chunk_object(), vec![role], None)));
         }
         for piece in split(&self.content, chunks) {
             events.push((chunk_delay, self.chunk(piece, None)));
         }
         events.push((Duration::ZERO, self.chunk("", Some("stop"))));
         if include_usage {
-            events.push((
-                Duration::ZERO,
-                self.envelope(self.chunk_object(), vec![], Some(self.usage())),
-            ));
+            events.push((Duration::ZERO, self.envelope(self.chunk_object(), vec![], Some(self.usage()))));
         }
 
         for (delay, event) in events {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            if tx
-                .send_data(Bytes::from(format!("data: {event}\n\n")))
-                .await
-                .is_err()
-            {
+            if tx.send_data(Bytes::from(format!("data: {event}\n\n"))).await.is_err() {
                 return; // The client went away.
             }
         }
@@ -504,13 +425,9 @@ fn split(text: &str, pieces: usize) -> Vec<&str> {
 fn embeddings(request: &serde_json::Map<String, Value>, model: String) -> Value {
     let inputs: Vec<String> = match request.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| {
-                item.as_str()
-                    .map_or_else(|| item.to_string(), str::to_owned)
-            })
-            .collect(),
+        Some(Value::Array(items)) => {
+            items.iter().map(|item| item.as_str().map_or_else(|| item.to_string(), str::to_owned)).collect()
+        }
         Some(other) => vec![other.to_string()],
         None => Vec::new(),
     };
@@ -540,12 +457,7 @@ fn embed(input: &str) -> Vec<f64> {
             (hasher.finish() as f64 / u64::MAX as f64) * 2.0 - 1.0
         })
         .collect();
-    let norm = raw
-        .iter()
-        .map(|x| x * x)
-        .sum::<f64>()
-        .sqrt()
-        .max(f64::MIN_POSITIVE);
+    let norm = raw.iter().map(|x| x * x).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
     raw.iter().map(|x| x / norm).collect()
 }
 
@@ -602,16 +514,10 @@ fn json_response(value: &Value) -> Response<Body> {
     response(StatusCode::OK, "application/json", value.to_string())
 }
 
-fn response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Body> {
+fn response(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed());
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
@@ -640,37 +546,22 @@ mod tests {
         let stopped = tokio::spawn(serve(listener, opts, async {
             let _ = stop_rx.await;
         }));
-        Server {
-            addr,
-            stop,
-            stopped,
-        }
+        Server { addr, stop, stopped }
     }
 
     fn client(http2: bool) -> Client<HttpConnector, Full<Bytes>> {
-        Client::builder(TokioExecutor::new())
-            .http2_only(http2)
-            .build_http()
+        Client::builder(TokioExecutor::new()).http2_only(http2).build_http()
     }
 
-    fn post(
-        addr: SocketAddr,
-        path: &str,
-        body: impl Into<Bytes>,
-        headers: &[(&str, &str)],
-    ) -> Request<Full<Bytes>> {
-        let mut request =
-            Request::post(format!("http://{addr}{path}")).header(CONTENT_TYPE, "application/json");
+    fn post(addr: SocketAddr, path: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+        let mut request = Request::post(format!("http://{addr}{path}")).header(CONTENT_TYPE, "application/json");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
         request.body(Full::new(body.into())).unwrap()
     }
 
-    async fn send(
-        client: &Client<HttpConnector, Full<Bytes>>,
-        request: Request<Full<Bytes>>,
-    ) -> (StatusCode, Value) {
+    async fn send(client: &Client<HttpConnector, Full<Bytes>>, request: Request<Full<Bytes>>) -> (StatusCode, Value) {
         let response = client.request(request).await.unwrap();
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -687,10 +578,7 @@ mod tests {
             };
             buffer.push_str(std::str::from_utf8(&data).unwrap());
             while let Some(end) = buffer.find("\n\n") {
-                let event = buffer[..end]
-                    .strip_prefix("data: ")
-                    .expect("every event is a data line")
-                    .to_owned();
+                let event = buffer[..end].strip_prefix("data: ").expect("every event is a data line").to_owned();
                 events.push((Instant::now(), event));
                 buffer.drain(..end + 2);
             }
@@ -705,12 +593,8 @@ mod tests {
         let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]);
         let body = json!({"model": "llama3", "messages": messages}).to_string();
         for (http2, path) in [(false, "/v1/chat/completions"), (true, "/chat/completions")] {
-            let request = post(
-                server.addr,
-                path,
-                body.clone(),
-                &[("x-team", "search"), ("x-multi", "a"), ("x-multi", "b")],
-            );
+            let request =
+                post(server.addr, path, body.clone(), &[("x-team", "search"), ("x-multi", "a"), ("x-multi", "b")]);
             let (status, reply) = send(&client(http2), request).await;
             assert_eq!(status, StatusCode::OK, "{reply}");
             assert_eq!(reply["object"], "chat.completion");
@@ -728,36 +612,22 @@ mod tests {
             let usage = &reply["usage"];
             // "system" + "be brief" + "user" + "héllo" = 23 characters.
             assert_eq!(usage["prompt_tokens"], 6);
-            assert_eq!(
-                usage["completion_tokens"],
-                content.chars().count().div_ceil(4) as u64
-            );
+            assert_eq!(usage["completion_tokens"], content.chars().count().div_ceil(4) as u64);
             assert_eq!(
                 usage["total_tokens"].as_u64().unwrap(),
-                usage["prompt_tokens"].as_u64().unwrap()
-                    + usage["completion_tokens"].as_u64().unwrap()
+                usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
             );
         }
     }
 
     #[tokio::test]
     async fn stream_arrives_in_chunks_over_time() {
-        let server = start(EchoOptions {
-            chunk_delay: Duration::from_millis(100),
-            chunks: 5,
-        })
-        .await;
+        let server = start(EchoOptions { chunk_delay: Duration::from_millis(100), chunks: 5 }).await;
         let messages = json!([{"role": "user", "content": "stream please"}]);
-        let body = json!({"model": "echo", "messages": messages, "stream": true, "stream_options": {"include_usage": true}});
-        let response = client(false)
-            .request(post(
-                server.addr,
-                "/v1/chat/completions",
-                body.to_string(),
-                &[],
-            ))
-            .await
-            .unwrap();
+        let body =
+            json!({"model": "echo", "messages": messages, "stream": true, "stream_options": {"include_usage": true}});
+        let response =
+            client(false).request(post(server.addr, "/v1/chat/completions", body.to_string(), &[])).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
         let events = read_events(response.into_body()).await;
@@ -771,33 +641,19 @@ mod tests {
             *last_at - first_at
         );
 
-        let chunks: Vec<Value> = events[..events.len() - 1]
-            .iter()
-            .map(|(_, e)| serde_json::from_str(e).unwrap())
-            .collect();
-        assert!(
-            chunks
-                .iter()
-                .all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "echo")
-        );
-        assert_eq!(
-            chunks[0]["choices"][0]["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|(_, e)| serde_json::from_str(e).unwrap()).collect();
+        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "echo"));
+        assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
         // Role, five content pieces, the stop chunk and the usage chunk.
         assert_eq!(chunks.len(), 8);
-        let content: String = chunks[1..6]
-            .iter()
-            .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
-            .collect();
+        let content: String =
+            chunks[1..6].iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
         let echoed: Value = serde_json::from_str(&content).unwrap();
         assert_eq!(echoed["messages"], messages);
         assert_eq!(chunks[6]["choices"][0]["finish_reason"], "stop");
         assert_eq!(chunks[7]["choices"], json!([]));
-        assert_eq!(
-            chunks[7]["usage"]["completion_tokens"],
-            content.chars().count().div_ceil(4) as u64
-        );
+        assert_eq!(chunks[7]["usage"]["completion_tokens"], content.chars().count().div_ceil(4) as u64);
     }
 
     #[tokio::test]
@@ -806,42 +662,20 @@ mod tests {
         let client = client(false);
         let chat = json!({"model": "echo", "messages": []}).to_string();
 
-        let request = post(
-            server.addr,
-            "/v1/chat/completions",
-            chat.clone(),
-            &[("x-echo-status", "429")],
-        );
+        let request = post(server.addr, "/v1/chat/completions", chat.clone(), &[("x-echo-status", "429")]);
         let (status, reply) = send(&client, request).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(reply["error"]["type"], "rate_limit_error");
 
         let started = Instant::now();
-        let request = post(
-            server.addr,
-            "/v1/chat/completions",
-            chat.clone(),
-            &[("x-echo-delay-ms", "150")],
-        );
+        let request = post(server.addr, "/v1/chat/completions", chat.clone(), &[("x-echo-delay-ms", "150")]);
         assert_eq!(send(&client, request).await.0, StatusCode::OK);
         assert!(started.elapsed() >= Duration::from_millis(150));
 
-        let request = post(
-            server.addr,
-            "/v1/chat/completions",
-            chat,
-            &[("x-echo-chunks", "many")],
-        );
-        assert_eq!(
-            send(&client, request).await.1["error"]["code"],
-            "invalid_echo_header"
-        );
+        let request = post(server.addr, "/v1/chat/completions", chat, &[("x-echo-chunks", "many")]);
+        assert_eq!(send(&client, request).await.1["error"]["code"], "invalid_echo_header");
 
-        let (status, reply) = send(
-            &client,
-            post(server.addr, "/v1/chat/completions", "{not json", &[]),
-        )
-        .await;
+        let (status, reply) = send(&client, post(server.addr, "/v1/chat/completions", "{not json", &[])).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(reply["error"]["type"], "invalid_request_error");
         assert_eq!(reply["error"]["code"], "invalid_json");
@@ -859,26 +693,18 @@ mod tests {
         let body = json!({"model": "echo", "prompt": "say hi"}).to_string();
         let (_, reply) = send(&client, post(server.addr, "/v1/completions", body, &[])).await;
         assert_eq!(reply["object"], "text_completion");
-        let echoed: Value =
-            serde_json::from_str(reply["choices"][0]["text"].as_str().unwrap()).unwrap();
+        let echoed: Value = serde_json::from_str(reply["choices"][0]["text"].as_str().unwrap()).unwrap();
         assert_eq!(echoed["prompt"], "say hi");
 
         let body = json!({"model": "echo-embedding", "input": ["a", "b", "a"]}).to_string();
         let (_, reply) = send(&client, post(server.addr, "/embeddings", body, &[])).await;
-        let vectors: Vec<&Value> = reply["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| &d["embedding"])
-            .collect();
+        let vectors: Vec<&Value> = reply["data"].as_array().unwrap().iter().map(|d| &d["embedding"]).collect();
         assert_eq!(vectors.len(), 3);
         assert_eq!(vectors[0].as_array().unwrap().len(), EMBEDDING_DIMENSIONS);
         assert_eq!(vectors[0], vectors[2]);
         assert_ne!(vectors[0], vectors[1]);
 
-        let request = Request::get(format!("http://{}/v1/models", server.addr))
-            .body(Full::default())
-            .unwrap();
+        let request = Request::get(format!("http://{}/v1/models", server.addr)).body(Full::default()).unwrap();
         let (status, reply) = send(&client, request).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(reply["data"][0]["id"], MODELS[0]);
@@ -886,25 +712,15 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_finishes_in_flight_streams() {
-        let server = start(EchoOptions {
-            chunk_delay: Duration::from_millis(50),
-            chunks: 4,
-        })
-        .await;
+        let server = start(EchoOptions { chunk_delay: Duration::from_millis(50), chunks: 4 }).await;
         let body = json!({"model": "echo", "messages": [], "stream": true}).to_string();
-        let response = client(false)
-            .request(post(server.addr, "/v1/chat/completions", body, &[]))
-            .await
-            .unwrap();
+        let response = client(false).request(post(server.addr, "/v1/chat/completions", body, &[])).await.unwrap();
 
         server.stop.send(()).unwrap();
         let events = read_events(response.into_body()).await;
         assert_eq!(events.last().unwrap().1, "[DONE]");
         let stopped = tokio::time::timeout(Duration::from_secs(5), server.stopped).await;
-        stopped
-            .expect("serve returns once in-flight responses finish")
-            .unwrap()
-            .unwrap();
+        stopped.expect("serve returns once in-flight responses finish").unwrap().unwrap();
     }
 
     #[test]

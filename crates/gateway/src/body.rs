@@ -14,9 +14,7 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 pub fn json_response(status: http::StatusCode, json: Vec<u8>) -> http::Response<Body> {
     let mut response = http::Response::new(full(json));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     response
 }
 

@@ -31,11 +31,7 @@ pub fn to_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
 /// Applies a plugin's edits: removals first, then each set replaces all
 /// values of its name. A name or value that is not valid HTTP is an error
 /// the caller blames on the plugin.
-pub fn apply_edits(
-    headers: &mut HeaderMap,
-    set: &[(String, String)],
-    remove: &[String],
-) -> Result<(), String> {
+pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[String]) -> Result<(), String> {
     for name in remove {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
         headers.remove(name);

@@ -124,10 +124,8 @@ fn apply_failure_policy(plugin: &LoadedPlugin, error: PluginError) -> Result<(),
 }
 
 async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|len| len > limit) {
         return Err(ApiError::too_large(limit));
     }
@@ -206,11 +204,7 @@ fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse
     response
 }
 
-async fn forward(
-    gateway: &Gateway,
-    route: &Route,
-    outgoing: Outgoing,
-) -> Result<http::Response<Incoming>, ApiError> {
+async fn forward(gateway: &Gateway, route: &Route, outgoing: Outgoing) -> Result<http::Response<Incoming>, ApiError> {
     // `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
     // backend URL names the API root, `/v1` included.
     let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path).to_string();

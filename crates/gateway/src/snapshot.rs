@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::HeaderValue;
 use serde::Serialize;
-use sluice_core::{ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, ResourceError, ResourceKey, RouteDecl};
+use sluice_core::{
+    ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, ResourceError, ResourceKey, RouteDecl,
+};
 use sluice_runtime::{ConfiguredPlugin, Limits, Runtime};
 
 #[derive(Default)]
@@ -106,7 +108,8 @@ pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapsh
             Ok(route) => routes.push(Arc::new(route)),
             Err(message) => match previous_routes.get(&decl.key) {
                 Some(last_good) => {
-                    errors.push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
+                    errors
+                        .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
                     routes.push(Arc::clone(last_good));
                 }
                 None => errors.push(ResourceError::new(resource, message)),
@@ -130,9 +133,9 @@ pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapsh
 
 async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) -> Result<Arc<LoadedPlugin>, String> {
     let bytes = match &decl.source {
-        PluginSource::File(path) => tokio::fs::read(path)
-            .await
-            .map_err(|e| format!("reading {}: {e}", path.display()))?,
+        PluginSource::File(path) => {
+            tokio::fs::read(path).await.map_err(|e| format!("reading {}: {e}", path.display()))?
+        }
     };
     let digest = sluice_runtime::digest_of(&bytes);
     // Same declaration, same bytes: the loaded version is still right.
@@ -144,10 +147,7 @@ async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) 
     }
     let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| e.to_string())?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let plugin = module
-        .configure(&decl.key.to_string(), &decl.config, limits)
-        .await
-        .map_err(|e| e.to_string())?;
+    let plugin = module.configure(&decl.key.to_string(), &decl.config, limits).await.map_err(|e| e.to_string())?;
     tracing::info!(plugin = %decl.key, digest = %module.digest(), "plugin loaded");
     Ok(Arc::new(LoadedPlugin { decl: decl.clone(), plugin }))
 }
@@ -172,8 +172,9 @@ fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin
 fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
     let key = match source {
         ApiKeySource::Env(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))?,
-        ApiKeySource::File(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("reading API key file {}: {e}", path.display()))?,
+        ApiKeySource::File(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("reading API key file {}: {e}", path.display()))?
+        }
     };
     let mut value = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
         .map_err(|_| "the API key holds characters not allowed in a header".to_string())?;
@@ -252,7 +253,11 @@ impl Snapshot {
                 backends: r
                     .backends
                     .iter()
-                    .map(|b| BackendView { url: b.url.clone(), model: b.model.clone(), api_key: b.authorization.is_some() })
+                    .map(|b| BackendView {
+                        url: b.url.clone(),
+                        model: b.model.clone(),
+                        api_key: b.authorization.is_some(),
+                    })
                     .collect(),
                 plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
             })

@@ -82,10 +82,8 @@ impl ConfiguredPlugin {
 
     /// A fresh, configured instance in a store of its own, for one request.
     pub async fn instantiate(&self) -> Result<PluginInstance, PluginError> {
-        let mut store = Store::new(
-            self.module.pre.engine(),
-            PluginState::new(self.name.clone(), self.limits.max_memory_bytes),
-        );
+        let mut store =
+            Store::new(self.module.pre.engine(), PluginState::new(self.name.clone(), self.limits.max_memory_bytes));
         store.limiter(|state| &mut state.memory);
         // Every epoch tick past the deadline's start, yield to tokio so a
         // busy guest cannot hog a worker thread; once the deadline has

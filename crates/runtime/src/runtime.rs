@@ -70,8 +70,7 @@ impl Runtime {
             .max_tables_per_component(8)
             .max_memory_size(config.max_memory_bytes);
         let mut wasm = Config::new();
-        wasm.epoch_interruption(true)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
         let mut linker = Linker::new(&engine);
@@ -80,15 +79,11 @@ impl Runtime {
 
         spawn_epoch_ticker(&engine);
         if let Some(dir) = &config.cache_dir {
-            std::fs::create_dir_all(dir).map_err(|e| StartError(format!("creating cache dir {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StartError(format!("creating cache dir {}: {e}", dir.display())))?;
         }
         Ok(Self {
-            inner: Arc::new(Inner {
-                engine,
-                linker,
-                cache_dir: config.cache_dir,
-                modules: Mutex::new(HashMap::new()),
-            }),
+            inner: Arc::new(Inner { engine, linker, cache_dir: config.cache_dir, modules: Mutex::new(HashMap::new()) }),
         })
     }
 
@@ -126,11 +121,8 @@ impl Runtime {
             Some(path) => self.compile_cached(&path, bytes)?,
             None => self.compile_fresh(bytes)?,
         };
-        let pre = self
-            .inner
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
+        let pre =
+            self.inner.linker.instantiate_pre(&component).map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
         let pre = PluginPre::new(pre).map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
         let module = Arc::new(PluginModule::new(digest.to_string(), pre));
         let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());

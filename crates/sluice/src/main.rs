@@ -62,9 +62,7 @@ struct RunArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal, not in files or pod logs.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -77,10 +75,8 @@ fn main() -> anyhow::Result<()> {
         Command::EchoUpstream { listen, chunk_delay_ms } => tokio_runtime()?.block_on(async {
             let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             tracing::info!(%listen, "echo upstream listening");
-            let options = sluice_echo::EchoOptions {
-                chunk_delay: Duration::from_millis(chunk_delay_ms),
-                ..Default::default()
-            };
+            let options =
+                sluice_echo::EchoOptions { chunk_delay: Duration::from_millis(chunk_delay_ms), ..Default::default() };
             sluice_echo::serve(listener, options, shutdown_signal()).await?;
             Ok(())
         }),
@@ -94,12 +90,9 @@ fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let cache_dir = args.cache_dir.or_else(default_cache_dir);
-    let runtime = Runtime::new(RuntimeConfig {
-        cache_dir,
-        max_instances: args.max_plugin_instances,
-        ..Default::default()
-    })
-    .context("starting the plugin runtime")?;
+    let runtime =
+        Runtime::new(RuntimeConfig { cache_dir, max_instances: args.max_plugin_instances, ..Default::default() })
+            .context("starting the plugin runtime")?;
     // Loading the BPE tables takes a moment; do it before the first request needs them.
     tokio::task::spawn_blocking(sluice_runtime::tokens::warm_up);
     let gateway = Gateway::new(runtime, Settings { max_body_bytes: args.max_body_bytes })?;

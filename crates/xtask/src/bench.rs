@@ -64,22 +64,10 @@ pub fn main(args: Args) -> Result<()> {
         // Measure the proxy, not per-request logging.
         cmd.env("RUST_LOG", "warn");
     }
-    let mut upstream = Running::spawn(
-        "echo upstream",
-        upstream_cmd,
-        &workdir.path().join("upstream.log"),
-    )?;
+    let mut upstream = Running::spawn("echo upstream", upstream_cmd, &workdir.path().join("upstream.log"))?;
     let mut gateway = Running::spawn("gateway", gateway_cmd, &workdir.path().join("gateway.log"))?;
-    process::wait_for_listener(
-        upstream_addr,
-        &mut [&mut upstream, &mut gateway],
-        READY_TIMEOUT,
-    )?;
-    process::wait_for_ready(
-        admin_addr,
-        &mut [&mut upstream, &mut gateway],
-        READY_TIMEOUT,
-    )?;
+    process::wait_for_listener(upstream_addr, &mut [&mut upstream, &mut gateway], READY_TIMEOUT)?;
+    process::wait_for_ready(admin_addr, &mut [&mut upstream, &mut gateway], READY_TIMEOUT)?;
 
     let direct_url = format!("http://{upstream_addr}/v1/chat/completions");
     let gateway_url = format!("http://{listen_addr}/v1/chat/completions");
@@ -104,16 +92,13 @@ fn ensure_oha() -> Result<()> {
         println!("{}: installed", version.trim());
         return Ok(());
     }
-    step(&format!(
-        "Installing oha {OHA_VERSION} (takes a few minutes, once)"
-    ));
+    step(&format!("Installing oha {OHA_VERSION} (takes a few minutes, once)"));
     run(cargo().args(["install", "oha", "--locked", "--version", OHA_VERSION]))
 }
 
 /// Writes the config template with this run's upstream and plugin paths.
 fn render_config(dest: &Path, upstream: SocketAddr) -> Result<()> {
-    let template = fs::read_to_string(CONFIG_TEMPLATE)
-        .with_context(|| format!("cannot read {CONFIG_TEMPLATE}"))?;
+    let template = fs::read_to_string(CONFIG_TEMPLATE).with_context(|| format!("cannot read {CONFIG_TEMPLATE}"))?;
     let dist = fs::canonicalize("plugins/dist").context("plugins/dist is missing")?;
     let yaml = template
         .replace("${UPSTREAM_URL}", &format!("http://{upstream}/v1"))
@@ -166,23 +151,16 @@ fn parse_oha(report: &str) -> Result<Measurement> {
     let report: Value = serde_json::from_str(report).context("cannot parse oha's JSON output")?;
     let statuses = &report["statusCodeDistribution"];
     let errors = &report["errorDistribution"];
-    let only_200 = statuses.as_object().is_some_and(|statuses| {
-        !statuses.is_empty() && statuses.keys().all(|status| status == "200")
-    });
+    let only_200 = statuses
+        .as_object()
+        .is_some_and(|statuses| !statuses.is_empty() && statuses.keys().all(|status| status == "200"));
     if !only_200 || errors.as_object().is_some_and(|errors| !errors.is_empty()) {
         bail!("not every request succeeded: status codes {statuses}, errors {errors}");
     }
-    let number = |value: &Value, what: &str| {
-        value
-            .as_f64()
-            .with_context(|| format!("oha's report has no {what}"))
-    };
+    let number = |value: &Value, what: &str| value.as_f64().with_context(|| format!("oha's report has no {what}"));
     let percentiles = &report["latencyPercentiles"];
     Ok(Measurement {
-        requests_per_sec: number(
-            &report["summary"]["requestsPerSec"],
-            "summary.requestsPerSec",
-        )?,
+        requests_per_sec: number(&report["summary"]["requestsPerSec"], "summary.requestsPerSec")?,
         p50: number(&percentiles["p50"], "latencyPercentiles.p50")?,
         p90: number(&percentiles["p90"], "latencyPercentiles.p90")?,
         p99: number(&percentiles["p99"], "latencyPercentiles.p99")?,
@@ -192,26 +170,10 @@ fn parse_oha(report: &str) -> Result<Measurement> {
 fn print_table(args: &Args, direct: &Measurement, through_gateway: &Measurement) {
     let ms = |seconds: f64| format!("{:.3}", seconds * 1000.0);
     println!();
-    println!(
-        "Latency at {} req/s, {} connections, {} per target (ms):",
-        args.rate, args.connections, args.duration
-    );
-    println!(
-        "{:<22} {:>8} {:>9} {:>9} {:>9}",
-        "", "req/s", "p50", "p90", "p99"
-    );
-    for (name, m) in [
-        ("direct to upstream", direct),
-        ("through the gateway", through_gateway),
-    ] {
-        println!(
-            "{:<22} {:>8.1} {:>9} {:>9} {:>9}",
-            name,
-            m.requests_per_sec,
-            ms(m.p50),
-            ms(m.p90),
-            ms(m.p99)
-        );
+    println!("Latency at {} req/s, {} connections, {} per target (ms):", args.rate, args.connections, args.duration);
+    println!("{:<22} {:>8} {:>9} {:>9} {:>9}", "", "req/s", "p50", "p90", "p99");
+    for (name, m) in [("direct to upstream", direct), ("through the gateway", through_gateway)] {
+        println!("{:<22} {:>8.1} {:>9} {:>9} {:>9}", name, m.requests_per_sec, ms(m.p50), ms(m.p90), ms(m.p99));
     }
     println!(
         "{:<22} {:>8} {:>9} {:>9} {:>9}",
@@ -236,9 +198,7 @@ fn run_runtime_bench() -> Result<()> {
         .flat_map(|package| package["targets"].as_array().into_iter().flatten())
         .any(|target| {
             target["name"] == "runtime"
-                && target["kind"]
-                    .as_array()
-                    .is_some_and(|kinds| kinds.iter().any(|k| k == "bench"))
+                && target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k == "bench"))
         });
     if !declared {
         println!("\nNo `runtime` bench in sluice-tests; skipping the micro-benchmark.");

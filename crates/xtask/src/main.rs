@@ -56,11 +56,7 @@ fn main() -> Result<()> {
 
 fn repo_root() -> PathBuf {
     // crates/xtask -> repository root.
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crates/xtask has two parents")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("crates/xtask has two parents").to_path_buf()
 }
 
 /// The main workspace's target directory.
@@ -98,9 +94,7 @@ fn step(what: &str) {
 fn run(cmd: &mut Command) -> Result<()> {
     let shown = display(cmd);
     println!("$ {shown}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot run `{shown}`"))?;
+    let status = cmd.status().with_context(|| format!("cannot run `{shown}`"))?;
     if !status.success() {
         bail!("`{shown}` failed ({status})");
     }
@@ -111,15 +105,9 @@ fn run(cmd: &mut Command) -> Result<()> {
 /// exit successfully.
 fn output(cmd: &mut Command) -> Result<String> {
     let shown = display(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run `{shown}`"))?;
+    let out = cmd.output().with_context(|| format!("cannot run `{shown}`"))?;
     if !out.status.success() {
-        bail!(
-            "`{shown}` failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
+        bail!("`{shown}` failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr).trim_end());
     }
     String::from_utf8(out.stdout).with_context(|| format!("`{shown}` printed invalid UTF-8"))
 }
@@ -132,23 +120,12 @@ fn display(cmd: &Command) -> String {
     } else {
         cmd.get_program()
     };
-    std::iter::once(program)
-        .chain(cmd.get_args())
-        .map(|part| part.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::iter::once(program).chain(cmd.get_args()).map(|part| part.to_string_lossy()).collect::<Vec<_>>().join(" ")
 }
 
 /// `cargo metadata --no-deps` for the workspace at `manifest_path`.
 fn cargo_metadata(manifest_path: &str) -> Result<serde_json::Value> {
-    let json = output(cargo().args([
-        "metadata",
-        "--no-deps",
-        "--format-version",
-        "1",
-        "--manifest-path",
-        manifest_path,
-    ]))?;
-    serde_json::from_str(&json)
-        .with_context(|| format!("cannot parse cargo metadata for {manifest_path}"))
+    let json =
+        output(cargo().args(["metadata", "--no-deps", "--format-version", "1", "--manifest-path", manifest_path]))?;
+    serde_json::from_str(&json).with_context(|| format!("cannot parse cargo metadata for {manifest_path}"))
 }

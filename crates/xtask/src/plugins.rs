@@ -27,12 +27,8 @@ pub fn build() -> Result<()> {
     ]))?;
 
     let metadata = cargo_metadata(MANIFEST)?;
-    let target_dir = metadata["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    let release_dir = Path::new(target_dir)
-        .join(setup::WASM_TARGET)
-        .join("release");
+    let target_dir = metadata["target_directory"].as_str().context("cargo metadata has no target_directory")?;
+    let release_dir = Path::new(target_dir).join(setup::WASM_TARGET).join("release");
 
     step(&format!("Copying plugins to {DIST}/"));
     fs::create_dir_all(DIST).with_context(|| format!("cannot create {DIST}"))?;
@@ -63,11 +59,10 @@ pub fn build() -> Result<()> {
 
 /// The file stem cargo gives a package's cdylib, if it has one.
 fn cdylib_name(package: &serde_json::Value) -> Option<String> {
-    let target = package["targets"].as_array()?.iter().find(|target| {
-        target["kind"]
-            .as_array()
-            .is_some_and(|kinds| kinds.iter().any(|kind| kind == "cdylib"))
-    })?;
+    let target = package["targets"]
+        .as_array()?
+        .iter()
+        .find(|target| target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|kind| kind == "cdylib")))?;
     // Cargo names the artifact after the lib target, with `-` as `_`.
     Some(target["name"].as_str()?.replace('-', "_"))
 }

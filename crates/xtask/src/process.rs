@@ -34,14 +34,8 @@ impl Running {
         // It stays in our process group, so a Ctrl-C that kills us before we
         // handle it stops it too.
         println!("$ {}  > {}", display(&cmd), log.display());
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
-        Ok(Self {
-            name,
-            child,
-            log: log.to_path_buf(),
-        })
+        let child = cmd.spawn().with_context(|| format!("cannot start {name}"))?;
+        Ok(Self { name, child, log: log.to_path_buf() })
     }
 
     /// Fails, showing the end of its log, if the process has exited.
@@ -74,32 +68,18 @@ fn log_tail(log: &Path, lines: usize) -> String {
 
 /// Waits until `addr` accepts TCP connections, failing early if any of
 /// `processes` exits.
-pub fn wait_for_listener(
-    addr: SocketAddr,
-    processes: &mut [&mut Running],
-    timeout: Duration,
-) -> Result<()> {
-    wait_until(
-        &format!("{addr} to accept connections"),
-        processes,
-        timeout,
-        || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok(),
-    )
+pub fn wait_for_listener(addr: SocketAddr, processes: &mut [&mut Running], timeout: Duration) -> Result<()> {
+    wait_until(&format!("{addr} to accept connections"), processes, timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+    })
 }
 
 /// Waits until `GET http://{admin}/readyz` answers 200, failing early if any
 /// of `processes` exits.
-pub fn wait_for_ready(
-    admin: SocketAddr,
-    processes: &mut [&mut Running],
-    timeout: Duration,
-) -> Result<()> {
-    wait_until(
-        &format!("http://{admin}/readyz to answer 200"),
-        processes,
-        timeout,
-        || http_get_status(admin, "/readyz").is_ok_and(|status| status == 200),
-    )
+pub fn wait_for_ready(admin: SocketAddr, processes: &mut [&mut Running], timeout: Duration) -> Result<()> {
+    wait_until(&format!("http://{admin}/readyz to answer 200"), processes, timeout, || {
+        http_get_status(admin, "/readyz").is_ok_and(|status| status == 200)
+    })
 }
 
 fn wait_until(
@@ -129,18 +109,12 @@ fn wait_until(
 fn http_get_status(addr: SocketAddr, path: &str) -> Result<u16> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
     // "HTTP/1.1 200 OK": the status is the second word of the first line.
     let mut head = [0u8; 64];
     let len = stream.read(&mut head)?;
     let head = String::from_utf8_lossy(&head[..len]);
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .context("empty HTTP response")?;
+    let status = head.split_whitespace().nth(1).context("empty HTTP response")?;
     Ok(status.parse()?)
 }
 
@@ -153,17 +127,12 @@ pub fn free_local_addr() -> Result<SocketAddr> {
 pub fn shutdown_signal() -> Result<mpsc::Receiver<()>> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // Register the handlers before returning, so an early signal is caught
     // rather than killing us with the children still running.
     let (mut interrupt, mut terminate) = {
         let _context = runtime.enter();
-        (
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-        )
+        (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?)
     };
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {

@@ -68,16 +68,8 @@ pub fn main(args: Args) -> Result<()> {
         .args(["--admin", &args.admin.to_string()]);
     let mut gateway = Running::spawn("gateway", gateway_cmd, &logs.join("gateway.log"))?;
 
-    process::wait_for_listener(
-        args.upstream,
-        &mut [&mut upstream, &mut gateway],
-        READY_TIMEOUT,
-    )?;
-    process::wait_for_ready(
-        args.admin,
-        &mut [&mut upstream, &mut gateway],
-        READY_TIMEOUT,
-    )?;
+    process::wait_for_listener(args.upstream, &mut [&mut upstream, &mut gateway], READY_TIMEOUT)?;
+    process::wait_for_ready(args.admin, &mut [&mut upstream, &mut gateway], READY_TIMEOUT)?;
 
     print_try_it(&args, &config_dir, &logs);
 
@@ -108,35 +100,20 @@ pub fn main(args: Args) -> Result<()> {
 fn copy_config_for_upstream(source: &Path, dest: &Path, upstream: SocketAddr) -> Result<()> {
     let dist = fs::canonicalize("plugins/dist").context("plugins/dist is missing")?;
     let mut backend_found = false;
-    for entry in
-        fs::read_dir(source).with_context(|| format!("cannot read {}", source.display()))?
-    {
+    for entry in fs::read_dir(source).with_context(|| format!("cannot read {}", source.display()))? {
         let path = entry?.path();
-        if !matches!(
-            path.extension().and_then(|ext| ext.to_str()),
-            Some("yaml" | "yml")
-        ) {
+        if !matches!(path.extension().and_then(|ext| ext.to_str()), Some("yaml" | "yml")) {
             continue;
         }
-        let yaml =
-            fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let yaml = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         backend_found |= yaml.contains(&format!("http://{DEFAULT_UPSTREAM}"));
         let yaml = yaml
-            .replace(
-                &format!("http://{DEFAULT_UPSTREAM}"),
-                &format!("http://{upstream}"),
-            )
+            .replace(&format!("http://{DEFAULT_UPSTREAM}"), &format!("http://{upstream}"))
             .replace("../../plugins/dist/", &format!("{}/", dist.display()));
-        fs::write(
-            dest.join(path.file_name().expect("read_dir entries have names")),
-            yaml,
-        )?;
+        fs::write(dest.join(path.file_name().expect("read_dir entries have names")), yaml)?;
     }
     if !backend_found {
-        bail!(
-            "no backend URL http://{DEFAULT_UPSTREAM} in {} to point at {upstream}",
-            source.display()
-        );
+        bail!("no backend URL http://{DEFAULT_UPSTREAM} in {} to point at {upstream}", source.display());
     }
     Ok(())
 }

@@ -46,11 +46,7 @@ pub fn ensure_wasm_target() -> Result<()> {
 
 /// Installs whichever of `packages` are missing, with one `apt-get update`.
 fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = packages
-        .iter()
-        .copied()
-        .filter(|package| !debian_package_installed(package))
-        .collect();
+    let missing: Vec<&str> = packages.iter().copied().filter(|package| !debian_package_installed(package)).collect();
     if missing.is_empty() {
         if !packages.is_empty() {
             println!("Debian packages {}: installed", packages.join(", "));
@@ -58,23 +54,16 @@ fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
         return Ok(());
     }
     run(apt_get()?.arg("update"))?;
-    run(apt_get()?
-        .args(["install", "-y", "--no-install-recommends"])
-        .args(&missing))
+    run(apt_get()?.args(["install", "-y", "--no-install-recommends"]).args(&missing))
 }
 
 fn debian_package_installed(package: &str) -> bool {
     // `dpkg -s` also succeeds for removed packages whose config remains, so
     // look at the status line too.
-    Command::new("dpkg")
-        .args(["-s", package])
-        .output()
-        .is_ok_and(|out| {
-            out.status.success()
-                && String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .any(|line| line == "Status: install ok installed")
-        })
+    Command::new("dpkg").args(["-s", package]).output().is_ok_and(|out| {
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).lines().any(|line| line == "Status: install ok installed")
+    })
 }
 
 /// `apt-get`, through sudo unless we are root already.

@@ -11,8 +11,7 @@ wit_bindgen::generate!({ path: "../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::log;
 use sluice::plugin::types::{
-    DirectResponse, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response,
-    ResponseAction, ResponseEdits,
+    DirectResponse, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
 };
 
 #[derive(Debug, Deserialize)]
@@ -34,8 +33,7 @@ struct Header {
 
 impl Config {
     fn parse(json: &str) -> Result<Self, String> {
-        let mut config: Config =
-            serde_json::from_str(json).map_err(|e| format!("add-header: invalid config: {e}"))?;
+        let mut config: Config = serde_json::from_str(json).map_err(|e| format!("add-header: invalid config: {e}"))?;
         config.header = header_name(&config.header)?;
         check_header_value(&config.value)?;
         if let Some(header) = &mut config.response_header {
@@ -46,11 +44,7 @@ impl Config {
     }
 
     fn hooks(&self) -> Hooks {
-        if self.response_header.is_some() {
-            Hooks::REQUEST | Hooks::RESPONSE_HEAD
-        } else {
-            Hooks::REQUEST
-        }
+        if self.response_header.is_some() { Hooks::REQUEST | Hooks::RESPONSE_HEAD } else { Hooks::REQUEST }
     }
 
     fn edit_request(&self, body: &[u8]) -> Result<RequestEdits, String> {
@@ -67,11 +61,7 @@ impl Config {
 
     fn edit_response(&self) -> ResponseEdits {
         ResponseEdits {
-            set_headers: self
-                .response_header
-                .iter()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
+            set_headers: self.response_header.iter().map(|h| (h.name.clone(), h.value.clone())).collect(),
             remove_headers: Vec::new(),
         }
     }
@@ -80,8 +70,8 @@ impl Config {
 /// Writes `fields` over the top level of a JSON object body, keeping the
 /// other fields and their order.
 fn merge_fields(body: &[u8], fields: &Map<String, Value>) -> Result<Vec<u8>, String> {
-    let mut object: Map<String, Value> = serde_json::from_slice(body)
-        .map_err(|e| format!("add-header: request body is not a JSON object: {e}"))?;
+    let mut object: Map<String, Value> =
+        serde_json::from_slice(body).map_err(|e| format!("add-header: request body is not a JSON object: {e}"))?;
     object.extend(fields.clone());
     serde_json::to_vec(&object).map_err(|e| format!("add-header: {e}"))
 }
@@ -98,9 +88,7 @@ fn header_name(name: &str) -> Result<String, String> {
 
 fn check_header_value(value: &str) -> Result<(), String> {
     if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
-        return Err(format!(
-            "add-header: header value {value:?} contains control characters"
-        ));
+        return Err(format!("add-header: header value {value:?} contains control characters"));
     }
     Ok(())
 }
@@ -138,10 +126,7 @@ impl Guest for AddHeader {
     fn response_filter(_resp: Response) -> ResponseAction {
         let edits = match &*config() {
             Some(config) => config.edit_response(),
-            None => ResponseEdits {
-                set_headers: Vec::new(),
-                remove_headers: Vec::new(),
-            },
+            None => ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() },
         };
         ResponseAction::Continue(edits)
     }
@@ -149,11 +134,7 @@ impl Guest for AddHeader {
 
 /// An empty body asks the host to write its OpenAI-shaped error.
 fn error_response(status: u16) -> DirectResponse {
-    DirectResponse {
-        status,
-        headers: Vec::new(),
-        body: Vec::new(),
-    }
+    DirectResponse { status, headers: Vec::new(), body: Vec::new() }
 }
 
 export!(AddHeader);
@@ -178,10 +159,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.hooks(), Hooks::REQUEST | Hooks::RESPONSE_HEAD);
-        assert_eq!(
-            config.edit_response().set_headers,
-            vec![("x-sluice-plugin".to_string(), "add-header".to_string())]
-        );
+        assert_eq!(config.edit_response().set_headers, vec![("x-sluice-plugin".to_string(), "add-header".to_string())]);
     }
 
     #[test]
@@ -210,8 +188,7 @@ mod tests {
 
     #[test]
     fn rejects_unknown_fields() {
-        let err =
-            Config::parse(r#"{"header": "x-team", "value": "v", "setbody": {}}"#).unwrap_err();
+        let err = Config::parse(r#"{"header": "x-team", "value": "v", "setbody": {}}"#).unwrap_err();
         assert!(err.contains("unknown field `setbody`"), "{err}");
     }
 
@@ -219,33 +196,24 @@ mod tests {
     fn sets_the_header_and_leaves_the_body_alone_without_set_body() {
         let config = Config::parse(r#"{"header": "x-team", "value": "search"}"#).unwrap();
         let edits = config.edit_request(br#"{"model": "m"}"#).unwrap();
-        assert_eq!(
-            edits.set_headers,
-            vec![("x-team".to_string(), "search".to_string())]
-        );
+        assert_eq!(edits.set_headers, vec![("x-team".to_string(), "search".to_string())]);
         assert!(edits.remove_headers.is_empty());
         assert_eq!(edits.body, None);
     }
 
     #[test]
     fn set_body_overwrites_and_adds_fields_in_order() {
-        let config = Config::parse(
-            r#"{"header": "x-team", "value": "search", "setBody": {"user": "team-search", "n": 2}}"#,
-        )
-        .unwrap();
+        let config =
+            Config::parse(r#"{"header": "x-team", "value": "search", "setBody": {"user": "team-search", "n": 2}}"#)
+                .unwrap();
         let body = br#"{"model": "m", "user": "alice", "messages": []}"#;
         let edited = config.edit_request(body).unwrap().body.unwrap();
-        assert_eq!(
-            String::from_utf8(edited).unwrap(),
-            r#"{"model":"m","user":"team-search","messages":[],"n":2}"#
-        );
+        assert_eq!(String::from_utf8(edited).unwrap(), r#"{"model":"m","user":"team-search","messages":[],"n":2}"#);
     }
 
     #[test]
     fn set_body_refuses_a_body_that_is_not_an_object() {
-        let config =
-            Config::parse(r#"{"header": "x-team", "value": "v", "setBody": {"user": "u"}}"#)
-                .unwrap();
+        let config = Config::parse(r#"{"header": "x-team", "value": "v", "setBody": {"user": "u"}}"#).unwrap();
         let err = config.edit_request(b"[1, 2]").unwrap_err();
         assert!(err.contains("not a JSON object"), "{err}");
     }

@@ -10,8 +10,7 @@ wit_bindgen::generate!({ path: "../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::log;
 use sluice::plugin::types::{
-    DirectResponse, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response,
-    ResponseAction, ResponseEdits,
+    DirectResponse, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
 };
 
 #[derive(Debug, Deserialize)]
@@ -39,15 +38,12 @@ fn default_message() -> String {
 
 impl Config {
     fn parse(json: &str) -> Result<Self, String> {
-        let mut config: Config =
-            serde_json::from_str(json).map_err(|e| format!("deny: invalid config: {e}"))?;
+        let mut config: Config = serde_json::from_str(json).map_err(|e| format!("deny: invalid config: {e}"))?;
         match (&config.header, config.values.is_empty()) {
             (Some(_), true) => return Err("deny: `header` needs at least one of `values`".into()),
             (None, false) => return Err("deny: `values` needs a `header` to match".into()),
             (None, true) if config.models.is_empty() => {
-                return Err(
-                    "deny: nothing to match on: set `header` and `values`, or `models`".into(),
-                );
+                return Err("deny: nothing to match on: set `header` and `values`, or `models`".into());
             }
             _ => {}
         }
@@ -56,10 +52,7 @@ impl Config {
             *header = header.to_ascii_lowercase();
         }
         if !(400..=599).contains(&config.status) {
-            return Err(format!(
-                "deny: status {} is outside 400..=599",
-                config.status
-            ));
+            return Err(format!("deny: status {} is outside 400..=599", config.status));
         }
         Ok(config)
     }
@@ -67,11 +60,8 @@ impl Config {
     /// Why `req` is denied, or `None` to let it through.
     fn denial_reason(&self, req: &Request) -> Option<String> {
         if let Some(header) = &self.header {
-            let denied_value = req
-                .headers
-                .iter()
-                .filter(|(name, _)| name == header)
-                .find(|(_, value)| self.values.contains(value));
+            let denied_value =
+                req.headers.iter().filter(|(name, _)| name == header).find(|(_, value)| self.values.contains(value));
             if let Some((_, value)) = denied_value {
                 return Some(format!("header {header} is {value:?}"));
             }
@@ -116,19 +106,11 @@ impl Guest for Deny {
     fn request_filter(req: Request) -> RequestAction {
         let Some(config) = &*config() else {
             // An empty body asks the host to write its OpenAI-shaped error.
-            return RequestAction::Respond(DirectResponse {
-                status: 500,
-                headers: Vec::new(),
-                body: Vec::new(),
-            });
+            return RequestAction::Respond(DirectResponse { status: 500, headers: Vec::new(), body: Vec::new() });
         };
         match config.denial_reason(&req) {
             Some(reason) => {
-                log(
-                    LogLevel::Info,
-                    "request denied",
-                    &[("reason".to_string(), reason)],
-                );
+                log(LogLevel::Info, "request denied", &[("reason".to_string(), reason)]);
                 RequestAction::Respond(config.response())
             }
             None => RequestAction::Continue(RequestEdits {
@@ -141,10 +123,7 @@ impl Guest for Deny {
 
     fn response_filter(_resp: Response) -> ResponseAction {
         // Not declared in `configure`, so the host never calls it.
-        ResponseAction::Continue(ResponseEdits {
-            set_headers: Vec::new(),
-            remove_headers: Vec::new(),
-        })
+        ResponseAction::Continue(ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() })
     }
 }
 
@@ -158,10 +137,7 @@ mod tests {
         Request {
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             body: Vec::new(),
             model: model.into(),
             route: "default/chat".into(),
@@ -174,28 +150,15 @@ mod tests {
     #[test]
     fn denies_a_listed_header_value() {
         let config = Config::parse(EXAMPLE).unwrap();
-        let req = request(
-            "gpt-4o-mini",
-            &[
-                ("x-other", "blocked"),
-                ("x-tenant", "ok"),
-                ("x-tenant", "blocked"),
-            ],
-        );
-        assert_eq!(
-            config.denial_reason(&req).unwrap(),
-            r#"header x-tenant is "blocked""#
-        );
+        let req = request("gpt-4o-mini", &[("x-other", "blocked"), ("x-tenant", "ok"), ("x-tenant", "blocked")]);
+        assert_eq!(config.denial_reason(&req).unwrap(), r#"header x-tenant is "blocked""#);
     }
 
     #[test]
     fn denies_a_listed_model() {
         let config = Config::parse(EXAMPLE).unwrap();
         let req = request("forbidden-model", &[("x-tenant", "ok")]);
-        assert_eq!(
-            config.denial_reason(&req).unwrap(),
-            r#"model "forbidden-model" is denied"#
-        );
+        assert_eq!(config.denial_reason(&req).unwrap(), r#"model "forbidden-model" is denied"#);
     }
 
     #[test]
@@ -215,10 +178,7 @@ mod tests {
     fn responds_with_an_openai_shaped_error() {
         let response = Config::parse(EXAMPLE).unwrap().response();
         assert_eq!(response.status, 451);
-        assert_eq!(
-            response.headers,
-            vec![("content-type".to_string(), "application/json".to_string())]
-        );
+        assert_eq!(response.headers, vec![("content-type".to_string(), "application/json".to_string())]);
         let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
         assert_eq!(
             body,

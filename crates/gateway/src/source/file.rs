@@ -167,7 +167,8 @@ fn collect_yaml(dir: &Path, files: &mut BTreeMap<PathBuf, String>, errors: &mut 
 mod tests {
     use super::*;
 
-    const PLUGIN: &str = "apiVersion: sluice.dev/v1alpha1\nkind: GatewayPlugin\nmetadata: {name: p}\nspec: {source: {file: p.wasm}}\n";
+    const PLUGIN: &str =
+        "apiVersion: sluice.dev/v1alpha1\nkind: GatewayPlugin\nmetadata: {name: p}\nspec: {source: {file: p.wasm}}\n";
     const ROUTE: &str = "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata: {name: r}\nspec: {models: [m], backends: [{url: 'http://127.0.0.1:1/v1'}], plugins: [{name: p}]}\n";
 
     #[test]
@@ -186,7 +187,8 @@ mod tests {
     fn one_bad_file_invalidates_the_update_and_is_named() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("plugin.yaml"), PLUGIN).unwrap();
-        std::fs::write(dir.path().join("route.yaml"), "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nspec: [").unwrap();
+        std::fs::write(dir.path().join("route.yaml"), "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nspec: [")
+            .unwrap();
         let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("expected errors") };
         assert_eq!(errors.len(), 1);
         assert!(errors[0].resource.ends_with("route.yaml"), "{errors:?}");

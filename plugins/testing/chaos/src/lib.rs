@@ -9,9 +9,7 @@ use serde::Deserialize;
 wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
 use exports::sluice::plugin::filter::Guest;
-use sluice::plugin::types::{
-    Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-};
+use sluice::plugin::types::{Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -22,8 +20,7 @@ struct Config {
 
 fn check_config(json: &str) -> Result<(), String> {
     // An absent config may arrive as `null`.
-    let config: Option<Config> =
-        serde_json::from_str(json).map_err(|e| format!("chaos: invalid config: {e}"))?;
+    let config: Option<Config> = serde_json::from_str(json).map_err(|e| format!("chaos: invalid config: {e}"))?;
     if config.unwrap_or_default().reject_config {
         return Err("chaos: config rejected on purpose".to_string());
     }
@@ -40,11 +37,7 @@ enum Chaos {
 
 impl Chaos {
     fn requested_by(req: &Request) -> Chaos {
-        let value = req
-            .headers
-            .iter()
-            .find(|(name, _)| name == "x-chaos")
-            .map(|(_, v)| v.as_str());
+        let value = req.headers.iter().find(|(name, _)| name == "x-chaos").map(|(_, v)| v.as_str());
         match value {
             Some("trap") => Chaos::Trap,
             Some("spin") => Chaos::Spin,
@@ -100,10 +93,7 @@ impl Guest for ChaosPlugin {
 
     fn response_filter(_resp: Response) -> ResponseAction {
         // Not declared in `configure`, so the host never calls it.
-        ResponseAction::Continue(ResponseEdits {
-            set_headers: Vec::new(),
-            remove_headers: Vec::new(),
-        })
+        ResponseAction::Continue(ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() })
     }
 }
 
@@ -115,18 +105,11 @@ mod tests {
 
     #[test]
     fn config_can_be_rejected_on_purpose() {
-        assert_eq!(
-            check_config(r#"{"rejectConfig": true}"#).unwrap_err(),
-            "chaos: config rejected on purpose"
-        );
+        assert_eq!(check_config(r#"{"rejectConfig": true}"#).unwrap_err(), "chaos: config rejected on purpose");
         for json in ["null", "{}", r#"{"rejectConfig": false}"#] {
             assert_eq!(check_config(json), Ok(()), "{json}");
         }
-        assert!(
-            check_config("not json")
-                .unwrap_err()
-                .starts_with("chaos: invalid config")
-        );
+        assert!(check_config("not json").unwrap_err().starts_with("chaos: invalid config"));
     }
 
     #[test]
@@ -134,34 +117,16 @@ mod tests {
         let request = |headers: &[(&str, &str)]| Request {
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             body: Vec::new(),
             model: "m".into(),
             route: "default/chat".into(),
         };
-        assert_eq!(
-            Chaos::requested_by(&request(&[("x-chaos", "trap")])),
-            Chaos::Trap
-        );
-        assert_eq!(
-            Chaos::requested_by(&request(&[("x-chaos", "spin")])),
-            Chaos::Spin
-        );
-        assert_eq!(
-            Chaos::requested_by(&request(&[("x-chaos", "grow")])),
-            Chaos::Grow
-        );
-        assert_eq!(
-            Chaos::requested_by(&request(&[("x-chaos", "nap")])),
-            Chaos::None
-        );
-        assert_eq!(
-            Chaos::requested_by(&request(&[("x-other", "trap")])),
-            Chaos::None
-        );
+        assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "trap")])), Chaos::Trap);
+        assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "spin")])), Chaos::Spin);
+        assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "grow")])), Chaos::Grow);
+        assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "nap")])), Chaos::None);
+        assert_eq!(Chaos::requested_by(&request(&[("x-other", "trap")])), Chaos::None);
         assert_eq!(Chaos::requested_by(&request(&[])), Chaos::None);
     }
 }
