@@ -76,10 +76,6 @@ impl ConfiguredPlugin {
         self.hooks
     }
 
-    pub fn limits(&self) -> Limits {
-        self.limits
-    }
-
     /// A fresh, configured instance in a store of its own, for one request.
     pub async fn instantiate(&self) -> Result<PluginInstance, PluginError> {
         let mut store =
@@ -127,10 +123,6 @@ impl PluginInstance {
         arm(&mut self.store, self.timeout);
         let result = self.bindings.sluice_plugin_filter().call_response_filter(&mut self.store, response).await;
         result.map_err(|e| classify(&self.store, e, self.timeout))
-    }
-
-    pub fn hooks(&self) -> Hooks {
-        self.hooks
     }
 }
 

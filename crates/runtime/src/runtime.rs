@@ -87,10 +87,6 @@ impl Runtime {
         })
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
-
     /// Compiles (or finds, in memory or on disk) the module with these bytes,
     /// checking it against an expected sha256 first. Compilation is CPU-heavy
     /// and runs off the async executor.

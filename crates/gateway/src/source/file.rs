@@ -27,11 +27,6 @@ impl FileSource {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
     }
-
-    /// Reads the directory now.
-    pub fn read(&self) -> (ConfigUpdate, [u8; 32]) {
-        read_dir(&self.dir)
-    }
 }
 
 impl ConfigSource for FileSource {
