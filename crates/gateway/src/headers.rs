@@ -15,8 +15,23 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.contains(&name)
+/// Removes hop-by-hop headers, including any that `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_ascii_lowercase())
+        .collect();
+    let drop: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| HOP_BY_HOP.contains(&name.as_str()) || named.iter().any(|n| n == name.as_str()))
+        .cloned()
+        .collect();
+    for name in drop {
+        headers.remove(name);
+    }
 }
 
 /// Headers as (lower-case name, value) pairs. Values that are not UTF-8 are
@@ -67,6 +82,17 @@ mod tests {
         apply_edits(&mut headers, &[("x-a".into(), "9".into())], &["x-b".into()]).unwrap();
         assert_eq!(headers.get_all("x-a").iter().collect::<Vec<_>>(), vec!["9"]);
         assert!(headers.get("x-b").is_none());
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_stripped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("keep-alive, X-Trace"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-trace", HeaderValue::from_static("1"));
+        headers.insert("x-team", HeaderValue::from_static("search"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x-team"]);
     }
 
     #[test]

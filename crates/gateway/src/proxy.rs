@@ -12,7 +12,7 @@ use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction, Response
 
 use crate::body::{Body, error_response, full, json_response};
 use crate::gateway::Gateway;
-use crate::headers::{apply_edits, is_hop_by_hop, to_pairs};
+use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
 use crate::snapshot::{LoadedPlugin, Route, Snapshot};
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
@@ -82,7 +82,7 @@ async fn proxy(
         headers: parts.headers,
         body,
     };
-    outgoing.headers.retain_non_hop_by_hop();
+    strip_hop_by_hop(&mut outgoing.headers);
 
     let mut awaiting_response = Vec::new();
     for plugin in &route.chain {
@@ -95,13 +95,13 @@ async fn proxy(
 
     let upstream = forward(gateway, route, outgoing).await?;
     let (mut head, body) = upstream.into_parts();
-    head.headers.retain_non_hop_by_hop();
+    strip_hop_by_hop(&mut head.headers);
 
     // Response hooks run in reverse chain order, like unwinding the chain.
     for (plugin, mut instance) in awaiting_response.into_iter().rev() {
         let view = PluginResponse { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
         let result = instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
-            apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::Trap)
+            apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::InvalidEdit)
         });
         if let Err(error) = result {
             apply_failure_policy(plugin, error)?;
@@ -177,7 +177,7 @@ async fn run_request_hook(
         match instance.request_filter(&view).await? {
             RequestAction::Continue(edits) => {
                 apply_edits(&mut outgoing.headers, &edits.set_headers, &edits.remove_headers)
-                    .map_err(PluginError::Trap)?;
+                    .map_err(PluginError::InvalidEdit)?;
                 if let Some(body) = edits.body {
                     outgoing.body = Bytes::from(body);
                 }
@@ -259,29 +259,4 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
-}
-
-trait RetainNonHopByHop {
-    fn retain_non_hop_by_hop(&mut self);
-}
-
-impl RetainNonHopByHop for HeaderMap {
-    fn retain_non_hop_by_hop(&mut self) {
-        // `Connection` may name further per-hop headers.
-        let named: Vec<String> = self
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|v| v.trim().to_ascii_lowercase())
-            .collect();
-        let drop: Vec<_> = self
-            .keys()
-            .filter(|name| is_hop_by_hop(name.as_str()) || named.iter().any(|n| n == name.as_str()))
-            .cloned()
-            .collect();
-        for name in drop {
-            self.remove(name);
-        }
-    }
 }

@@ -30,6 +30,9 @@ pub enum PluginError {
     Trap(String),
     #[error("rejected its config: {0}")]
     ConfigRejected(String),
+    /// The plugin asked for an edit HTTP cannot carry (e.g. a header name with a space).
+    #[error("returned an invalid edit: {0}")]
+    InvalidEdit(String),
 }
 
 /// A plugin version could not be made ready to serve.
