@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use sluice_core::Isolation;
 use sluice_runtime::{Limits, Request, Runtime, RuntimeConfig};
 
 fn plugin_bytes(name: &str) -> Vec<u8> {
@@ -29,9 +30,13 @@ fn bench(c: &mut Criterion) {
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
     let limits = Limits { timeout: Duration::from_millis(100), max_memory_bytes: 64 << 20 };
     let config = serde_json::json!({"header": "x-team", "value": "search", "setBody": {"user": "team-search"}});
-    let plugin = tokio.block_on(async {
+    let (plugin, reused) = tokio.block_on(async {
         let module = runtime.load(plugin_bytes("add-header"), None).await.unwrap();
-        module.configure("bench/add-header", &config, limits).await.unwrap()
+        let reused = Isolation::Reused { max_idle: 4 };
+        (
+            module.configure("bench/add-header", &config, limits, Isolation::PerRequest).await.unwrap(),
+            module.configure("bench/add-header", &config, limits, reused).await.unwrap(),
+        )
     });
     let request = request();
 
@@ -41,7 +46,7 @@ fn bench(c: &mut Criterion) {
             tokio.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    std::hint::black_box(plugin.instantiate().await.unwrap());
+                    std::hint::black_box(plugin.instance().await.unwrap());
                 }
                 start.elapsed()
             })
@@ -50,7 +55,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("request-filter call", |b| {
         b.iter_custom(|iters| {
             tokio.block_on(async {
-                let mut instance = plugin.instantiate().await.unwrap();
+                let mut instance = plugin.instance().await.unwrap();
                 let start = Instant::now();
                 for _ in 0..iters {
                     std::hint::black_box(instance.request_filter(&request).await.unwrap());
@@ -64,7 +69,19 @@ fn bench(c: &mut Criterion) {
             tokio.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let mut instance = plugin.instantiate().await.unwrap();
+                    let mut instance = plugin.instance().await.unwrap();
+                    std::hint::black_box(instance.request_filter(&request).await.unwrap());
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.bench_function("per request, isolation: Reused (acquire+call+release)", |b| {
+        b.iter_custom(|iters| {
+            tokio.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut instance = reused.instance().await.unwrap();
                     std::hint::black_box(instance.request_filter(&request).await.unwrap());
                 }
                 start.elapsed()

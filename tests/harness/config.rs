@@ -54,6 +54,7 @@ pub struct Plugin {
     timeout_ms: Option<u32>,
     max_memory_mib: Option<u32>,
     sha256: Option<String>,
+    reused: Option<u32>,
 }
 
 impl Plugin {
@@ -66,6 +67,7 @@ impl Plugin {
             timeout_ms: None,
             max_memory_mib: None,
             sha256: None,
+            reused: None,
         }
     }
 
@@ -100,6 +102,12 @@ impl Plugin {
         self
     }
 
+    /// `isolation: Reused`, keeping at most `max_idle` idle instances.
+    pub fn reused(mut self, max_idle: u32) -> Plugin {
+        self.reused = Some(max_idle);
+        self
+    }
+
     pub fn yaml(&self) -> String {
         // JSON strings and objects are valid YAML flow scalars and mappings.
         let mut spec = format!("  source:\n    file: {}\n", Value::from(self.file.to_string_lossy()));
@@ -115,6 +123,9 @@ impl Plugin {
         }
         if let Some(hex) = &self.sha256 {
             spec += &format!("  sha256: \"{hex}\"\n");
+        }
+        if let Some(max_idle) = self.reused {
+            spec += &format!("  isolation: Reused\n  maxReusedInstances: {max_idle}\n");
         }
         document("GatewayPlugin", &self.name, &spec)
     }

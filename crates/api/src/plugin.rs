@@ -4,7 +4,7 @@ use std::time::Duration;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{FailurePolicy, PluginDecl, PluginSource, ResourceKey};
+use sluice_core::{FailurePolicy, Isolation, PluginDecl, PluginSource, ResourceKey};
 
 /// A WebAssembly component plugin and how to run it. Routes list plugins by
 /// name to build their chain.
@@ -47,6 +47,26 @@ pub struct GatewayPluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub max_memory_mi_b: Option<u32>,
+    /// `PerRequest` (the default) gives every request a fresh instance.
+    /// `Reused` lets an instance serve requests one after another, for
+    /// guests that are slow to instantiate (Python): state the plugin keeps
+    /// in memory carries over between requests, and an instance that fails
+    /// is discarded.
+    #[serde(default)]
+    pub isolation: IsolationSpec,
+    /// With `isolation: Reused`, how many idle instances are kept between
+    /// requests (default 16). Busier moments instantiate more, and the
+    /// extras are dropped afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_reused_instances: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum IsolationSpec {
+    #[default]
+    PerRequest,
+    Reused,
 }
 
 /// Where to load a component from.
@@ -118,6 +138,12 @@ impl GatewayPlugin {
             max_memory_bytes: spec.max_memory_mi_b.unwrap_or(PluginDecl::DEFAULT_MAX_MEMORY_MIB).max(1) as usize
                 * 1024
                 * 1024,
+            isolation: match spec.isolation {
+                IsolationSpec::PerRequest => Isolation::PerRequest,
+                IsolationSpec::Reused => Isolation::Reused {
+                    max_idle: spec.max_reused_instances.unwrap_or(Isolation::DEFAULT_MAX_IDLE).max(1),
+                },
+            },
         })
     }
 }

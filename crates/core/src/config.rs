@@ -37,6 +37,25 @@ pub enum FailurePolicy {
     Open,
 }
 
+/// How a plugin's instances map to requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Isolation {
+    /// A fresh instance per request: nothing a request leaves in the
+    /// plugin's memory is seen by another. The default.
+    #[default]
+    PerRequest,
+    /// Instances serve requests one after another, for guests whose
+    /// instantiation is expensive (Python, JavaScript). State left in memory
+    /// carries over between requests; an instance that traps, times out or
+    /// is interrupted is discarded. At most `max_idle` are kept between
+    /// requests.
+    Reused { max_idle: u32 },
+}
+
+impl Isolation {
+    pub const DEFAULT_MAX_IDLE: u32 = 16;
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum PluginSource {
     File(PathBuf),
@@ -61,6 +80,7 @@ pub struct PluginDecl {
     /// Deadline for each call into the plugin.
     pub timeout: Duration,
     pub max_memory_bytes: usize,
+    pub isolation: Isolation,
 }
 
 impl PluginDecl {

@@ -1,14 +1,15 @@
 //! The response body type, and the one place errors become HTTP responses.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use sluice_core::ApiError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Body = BoxBody<Bytes, BoxError>;
+// Not `Sync`: a body may own the plugin instances that rewrite it.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
 pub fn json_response(status: http::StatusCode, json: Vec<u8>) -> http::Response<Body> {
@@ -22,4 +23,21 @@ pub fn json_response(status: http::StatusCode, json: Vec<u8>) -> http::Response<
 pub fn error_response(error: &ApiError) -> http::Response<Body> {
     let status = http::StatusCode::from_u16(error.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     json_response(status, error.to_json())
+}
+
+/// Reads a whole response body of at most `limit` bytes.
+// A loop rather than `Limited`: its `Into<BoxError>` bound on a body that
+// already has `BoxError` trips rustc's check that the handler future is Send.
+pub async fn collect_limited(mut body: Body, limit: usize) -> Result<Bytes, String> {
+    let mut collected = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Ok(data) = frame.into_data() {
+            if collected.len() + data.len() > limit {
+                return Err(format!("the body is larger than {limit} bytes"));
+            }
+            collected.extend_from_slice(&data);
+        }
+    }
+    Ok(collected.freeze())
 }

@@ -8,8 +8,10 @@ mod body;
 mod gateway;
 mod headers;
 mod proxy;
+mod response;
 mod server;
 mod snapshot;
+mod sse;
 pub mod source;
 mod upstream;
 

@@ -10,9 +10,10 @@ use hyper::body::Incoming;
 use sluice_core::{ApiError, FailurePolicy};
 use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction, Response as PluginResponse, ResponseAction};
 
-use crate::body::{Body, error_response, full, json_response};
+use crate::body::{Body, BoxError, collect_limited, error_response, full, json_response};
 use crate::gateway::Gateway;
 use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
+use crate::response::{BodyPlugin, Exchange, body_hooks, relay, run_body_hooks, usage_in};
 use crate::snapshot::{LoadedPlugin, Route, Snapshot};
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
@@ -84,10 +85,11 @@ async fn proxy(
     };
     strip_hop_by_hop(&mut outgoing.headers);
 
+    let exchange_started = std::time::Instant::now();
     let mut awaiting_response = Vec::new();
     for plugin in &route.chain {
         match run_request_hook(plugin, route, &model, &mut outgoing).await {
-            Ok(Step::Continue(instance)) => awaiting_response.extend(instance.map(|i| (plugin, i))),
+            Ok(Step::Continue(instance)) => awaiting_response.extend(instance.map(|i| (plugin.clone(), i))),
             Ok(Step::Respond(response)) => return Ok(response),
             Err(error) => apply_failure_policy(plugin, error)?,
         }
@@ -98,18 +100,60 @@ async fn proxy(
     strip_hop_by_hop(&mut head.headers);
 
     // Response hooks run in reverse chain order, like unwinding the chain.
+    let mut body_plugins = Vec::new();
     for (plugin, mut instance) in awaiting_response.into_iter().rev() {
-        let view = PluginResponse { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
-        let result = instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
-            apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::InvalidEdit)
-        });
-        if let Err(error) = result {
-            apply_failure_policy(plugin, error)?;
+        let hooks = plugin.plugin.hooks();
+        if hooks.contains(Hooks::RESPONSE_HEAD) {
+            let view = PluginResponse { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
+            let result = instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
+                apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers)
+                    .map_err(PluginError::InvalidEdit)
+            });
+            if let Err(error) = result {
+                apply_failure_policy(&plugin, error)?;
+                continue;
+            }
         }
+        if hooks.intersects(body_hooks()) {
+            body_plugins.push(BodyPlugin::new(plugin, instance));
+        }
+    }
+
+    let streamed = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let exchange = Exchange {
+        started: exchange_started,
+        status: head.status.as_u16(),
+        model,
+        route: route.decl.key.to_string(),
+        streamed,
+    };
+    let wanted = body_plugins.iter().fold(Hooks::empty(), |hooks, p| hooks | p.plugin.plugin.hooks());
+    let mut body: Body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
+    let mut known_usage = None;
+    if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
+        // Only a `response-body` hook makes the gateway hold a whole body.
+        let limit = gateway.settings.max_body_bytes;
+        let whole = match collect_limited(body, limit).await {
+            Ok(whole) => whole,
+            Err(error) => {
+                return Err(ApiError::upstream_unavailable(format!(
+                    "reading the upstream's response for response-body plugins: {error}"
+                )));
+            }
+        };
+        known_usage = usage_in(&whole);
+        body = full(run_body_hooks(&mut body_plugins, whole).await?);
+        head.headers.remove(header::CONTENT_LENGTH);
+    } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
+        head.headers.remove(header::CONTENT_LENGTH);
     }
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced.
-    Ok(http::Response::from_parts(head, body.map_err(Into::into).boxed()))
+    Ok(http::Response::from_parts(head, relay(body, exchange, body_plugins, known_usage)))
 }
 
 /// A failed plugin fails the request (`Closed`) or is skipped (`Open`).
@@ -164,7 +208,7 @@ async fn run_request_hook(
     if hooks == Hooks::empty() {
         return Ok(Step::Continue(None));
     }
-    let mut instance = plugin.plugin.instantiate().await?;
+    let mut instance = plugin.plugin.instance().await?;
     if hooks.contains(Hooks::REQUEST) {
         let view = sluice_runtime::Request {
             method: outgoing.method.to_string(),
@@ -185,7 +229,7 @@ async fn run_request_hook(
             RequestAction::Respond(direct) => return Ok(Step::Respond(direct_response(plugin, direct))),
         }
     }
-    let keep = hooks.contains(Hooks::RESPONSE_HEAD);
+    let keep = hooks.intersects(Hooks::RESPONSE_HEAD | body_hooks());
     Ok(Step::Continue(keep.then_some(instance)))
 }
 

@@ -147,7 +147,7 @@ async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) 
     }
     let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| e.to_string())?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let plugin = module.configure(&decl.key.to_string(), &decl.config, limits).await.map_err(|e| e.to_string())?;
+    let plugin = module.configure(&decl.key.to_string(), &decl.config, limits, decl.isolation).await.map_err(|e| e.to_string())?;
     tracing::info!(plugin = %decl.key, digest = %module.digest(), "plugin loaded");
     Ok(Arc::new(LoadedPlugin { decl: decl.clone(), plugin }))
 }

@@ -2,7 +2,8 @@
 //! [`Runtime`] (one `Engine`, pooling allocator, epoch ticks), one
 //! `InstancePre` per module digest, and a fresh `Store` per request with a
 //! deadline and a memory cap, so a misbehaving plugin fails only the request
-//! it is handling.
+//! it is handling. Plugins that are slow to instantiate may opt into
+//! reused instances ([`sluice_core::Isolation::Reused`]).
 
 mod bindings;
 mod host;
@@ -11,7 +12,8 @@ mod runtime;
 pub mod tokens;
 
 pub use bindings::sluice::plugin::types::{
-    DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
+    ChunkAction, DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
+    ResponseSummary, Usage,
 };
 pub use plugin::{ConfiguredPlugin, Limits, PluginInstance, PluginModule};
 pub use runtime::{Runtime, RuntimeConfig, StartError};

@@ -1,9 +1,13 @@
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use sluice_core::Isolation;
 
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::bindings::sluice::plugin::types::{Hooks, Request, RequestAction, Response, ResponseAction};
+use crate::bindings::sluice::plugin::types::{
+    ChunkAction, Hooks, Request, RequestAction, Response, ResponseAction, ResponseSummary,
+};
 use crate::bindings::{Plugin, PluginPre};
 use crate::host::PluginState;
 use crate::{LoadError, PluginError};
@@ -39,6 +43,7 @@ impl PluginModule {
         name: &str,
         config: &serde_json::Value,
         limits: Limits,
+        isolation: Isolation,
     ) -> Result<ConfiguredPlugin, LoadError> {
         let mut plugin = ConfiguredPlugin {
             module: self.clone(),
@@ -46,9 +51,15 @@ impl PluginModule {
             config: config.to_string().into(),
             limits,
             hooks: Hooks::empty(),
+            isolation,
+            idle: Arc::new(Mutex::new(Vec::new())),
         };
-        let instance = plugin.instantiate().await?;
-        plugin.hooks = instance.hooks;
+        let (live, hooks) = plugin.instantiate_live().await?;
+        plugin.hooks = hooks;
+        // A reusable instance is kept: the first request does not pay for it.
+        if let Isolation::Reused { .. } = isolation {
+            plugin.idle.lock().unwrap_or_else(PoisonError::into_inner).push(live);
+        }
         Ok(plugin)
     }
 }
@@ -61,6 +72,15 @@ pub struct ConfiguredPlugin {
     config: Arc<str>,
     limits: Limits,
     hooks: Hooks,
+    isolation: Isolation,
+    /// Idle instances of a `Reused` plugin, most recently used last.
+    idle: Arc<Mutex<Vec<Live>>>,
+}
+
+/// A configured instance and the store it lives in.
+struct Live {
+    store: Store<PluginState>,
+    bindings: Plugin,
 }
 
 impl ConfiguredPlugin {
@@ -76,8 +96,27 @@ impl ConfiguredPlugin {
         self.hooks
     }
 
-    /// A fresh, configured instance in a store of its own, for one request.
-    pub async fn instantiate(&self) -> Result<PluginInstance, PluginError> {
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// An instance for one request: a fresh one, or with `Reused`, an idle
+    /// one if there is any.
+    pub async fn instance(&self) -> Result<PluginInstance, PluginError> {
+        let home = match self.isolation {
+            Isolation::PerRequest => None,
+            Isolation::Reused { max_idle } => Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize }),
+        };
+        let reused = home.as_ref().and_then(|home| home.idle.lock().unwrap_or_else(PoisonError::into_inner).pop());
+        let live = match reused {
+            Some(live) => live,
+            None => self.instantiate_live().await?.0,
+        };
+        Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false })
+    }
+
+    /// A fresh, configured instance in a store of its own.
+    async fn instantiate_live(&self) -> Result<(Live, Hooks), PluginError> {
         let mut store =
             Store::new(self.module.pre.engine(), PluginState::new(self.name.clone(), self.limits.max_memory_bytes));
         store.limiter(|state| &mut state.memory);
@@ -100,29 +139,75 @@ impl ConfiguredPlugin {
             .await
             .map_err(|e| classify(&store, e, timeout))?
             .map_err(PluginError::ConfigRejected)?;
-        Ok(PluginInstance { store, bindings, timeout, hooks })
+        Ok((Live { store, bindings }, hooks))
     }
 }
 
-/// One plugin instance serving one request, from request to response head.
+/// Where a `Reused` instance returns after its request.
+struct Home {
+    idle: Arc<Mutex<Vec<Live>>>,
+    max_idle: usize,
+}
+
+/// One plugin instance serving one request, from the request to the end of
+/// the response body.
 pub struct PluginInstance {
-    store: Store<PluginState>,
-    bindings: Plugin,
+    live: Option<Live>,
     timeout: Duration,
-    hooks: Hooks,
+    home: Option<Home>,
+    /// A call failed, or was abandoned midway (the request future was
+    /// dropped): the guest's state is unknown, so it is never reused.
+    tainted: bool,
 }
 
 impl PluginInstance {
     pub async fn request_filter(&mut self, request: &Request) -> Result<RequestAction, PluginError> {
-        arm(&mut self.store, self.timeout);
-        let result = self.bindings.sluice_plugin_filter().call_request_filter(&mut self.store, request).await;
-        result.map_err(|e| classify(&self.store, e, self.timeout))
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_request_filter(store, request).await).await
     }
 
     pub async fn response_filter(&mut self, response: &Response) -> Result<ResponseAction, PluginError> {
-        arm(&mut self.store, self.timeout);
-        let result = self.bindings.sluice_plugin_filter().call_response_filter(&mut self.store, response).await;
-        result.map_err(|e| classify(&self.store, e, self.timeout))
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_filter(store, response).await)
+            .await
+    }
+
+    pub async fn response_chunk(&mut self, data: &str) -> Result<ChunkAction, PluginError> {
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_chunk(store, data).await).await
+    }
+
+    pub async fn response_body(&mut self, body: &[u8]) -> Result<Option<Vec<u8>>, PluginError> {
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_body(store, body).await).await
+    }
+
+    pub async fn response_end(&mut self, summary: &ResponseSummary) -> Result<(), PluginError> {
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_end(store, *summary).await).await
+    }
+
+    async fn call<T>(
+        &mut self,
+        call: impl AsyncFnOnce(&Plugin, &mut Store<PluginState>) -> wasmtime::Result<T>,
+    ) -> Result<T, PluginError> {
+        let Some(live) = &mut self.live else {
+            return Err(PluginError::Trap("the instance was already released".into()));
+        };
+        arm(&mut live.store, self.timeout);
+        self.tainted = true;
+        let result = call(&live.bindings, &mut live.store).await.map_err(|e| classify(&live.store, e, self.timeout));
+        self.tainted = result.is_err();
+        result
+    }
+}
+
+impl Drop for PluginInstance {
+    fn drop(&mut self) {
+        if self.tainted {
+            return;
+        }
+        if let (Some(home), Some(live)) = (&self.home, self.live.take()) {
+            let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            if idle.len() < home.max_idle {
+                idle.push(live);
+            }
+        }
     }
 }
 
@@ -139,7 +224,9 @@ impl std::error::Error for DeadlineExceeded {}
 
 /// Starts the deadline for the next call into the guest.
 fn arm(store: &mut Store<PluginState>, timeout: Duration) {
-    store.data_mut().deadline = Instant::now() + timeout;
+    let state = store.data_mut();
+    state.deadline = Instant::now() + timeout;
+    state.memory.hit = false;
     store.set_epoch_deadline(1);
 }
 

@@ -1,0 +1,392 @@
+//! The response body on its way back: passed through frame by frame,
+//! rewritten event by event for plugins with a `response-chunk` hook, and
+//! accounted for (usage, bytes, duration) for `response-end` hooks and the
+//! access log.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use http_body::{Body as _, Frame};
+use http_body_util::{BodyExt, StreamBody};
+use sluice_core::{ApiError, FailurePolicy};
+use sluice_runtime::{ChunkAction, Hooks, PluginError, PluginInstance, ResponseSummary, Usage};
+
+use crate::body::{Body, BoxError};
+use crate::snapshot::LoadedPlugin;
+use crate::sse::{EventSplitter, data_event, data_of, with_data};
+
+/// The hooks that keep an instance alive past the response head.
+pub fn body_hooks() -> Hooks {
+    Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END
+}
+
+/// How much of a JSON response is copied aside to read its `usage`. Larger
+/// bodies still pass through; their usage goes unreported.
+const USAGE_COPY_LIMIT: usize = 1 << 20;
+
+/// The longest server-sent event held while waiting for its end.
+const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// A plugin instance that handles the response body, in reverse chain order.
+pub struct BodyPlugin {
+    pub plugin: Arc<LoadedPlugin>,
+    pub instance: PluginInstance,
+    /// Set when the plugin failed under `failurePolicy: Open`: it is skipped
+    /// for the rest of this response.
+    skipped: bool,
+}
+
+impl BodyPlugin {
+    pub fn new(plugin: Arc<LoadedPlugin>, instance: PluginInstance) -> Self {
+        Self { plugin, instance, skipped: false }
+    }
+
+    fn wants(&self, hook: Hooks) -> bool {
+        !self.skipped && self.plugin.plugin.hooks().contains(hook)
+    }
+
+    fn name(&self) -> &str {
+        self.plugin.plugin.name()
+    }
+}
+
+/// What the rest of the response needs to know about the request.
+pub struct Exchange {
+    pub started: Instant,
+    pub status: u16,
+    pub model: String,
+    pub route: String,
+    /// The body is a `text/event-stream`.
+    pub streamed: bool,
+}
+
+/// Runs `response-body` hooks over a whole non-streamed body. An error is
+/// what a `Closed` plugin's failure turns into; the response has not been
+/// sent, so it can still become an error response.
+pub async fn run_body_hooks(plugins: &mut [BodyPlugin], mut body: Bytes) -> Result<Bytes, ApiError> {
+    for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_BODY)) {
+        match plugin.instance.response_body(&body).await {
+            Ok(Some(replacement)) => body = Bytes::from(replacement),
+            Ok(None) => {}
+            Err(error) => fail(plugin, error)?,
+        }
+    }
+    Ok(body)
+}
+
+/// The body the client receives. It ends the exchange (`response-end`
+/// hooks, the access log) when the upstream's body ends, or when the client
+/// goes away.
+pub fn relay(upstream: Body, exchange: Exchange, plugins: Vec<BodyPlugin>, known_usage: Option<Usage>) -> Body {
+    let chunk_hooks = exchange.streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
+    let relay = Relay {
+        upstream: Some(upstream),
+        splitter: exchange.streamed.then(EventSplitter::default),
+        json_copy: (!exchange.streamed && known_usage.is_none()).then(BytesMut::new),
+        chunk_hooks,
+        out: VecDeque::new(),
+        failed: false,
+        tail: Some(Tail { exchange, plugins, usage: known_usage, body_bytes: 0 }),
+    };
+    let frames = futures_util::stream::unfold(relay, |mut relay| async move {
+        let frame = relay.next_frame().await?;
+        Some((frame, relay))
+    });
+    StreamBody::new(frames.boxed()).boxed_unsync()
+}
+
+struct Relay {
+    /// `None` once the stream is over or a plugin stopped it (which also
+    /// releases the upstream connection).
+    upstream: Option<Body>,
+    /// Event boundaries of an event stream.
+    splitter: Option<EventSplitter>,
+    /// A copy of a JSON body, to read `usage` from at the end.
+    json_copy: Option<BytesMut>,
+    chunk_hooks: bool,
+    /// Bytes ready for the client.
+    out: VecDeque<Bytes>,
+    /// `None` once the exchange has been ended.
+    tail: Option<Tail>,
+    /// The stream was cut short by a failure, not ended by the upstream or
+    /// a plugin.
+    failed: bool,
+}
+
+struct Tail {
+    exchange: Exchange,
+    plugins: Vec<BodyPlugin>,
+    usage: Option<Usage>,
+    body_bytes: u64,
+}
+
+impl Relay {
+    async fn next_frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        loop {
+            if let Some(bytes) = self.out.pop_front() {
+                if let Some(tail) = &mut self.tail {
+                    tail.body_bytes += bytes.len() as u64;
+                }
+                // A client that knows the length stops reading at the last
+                // byte, so the exchange ends before the last frame goes out.
+                if self.out.is_empty() && self.upstream.is_none() {
+                    self.finish(!self.failed).await;
+                }
+                return Some(Ok(Frame::data(bytes)));
+            }
+            let Some(upstream) = &mut self.upstream else {
+                self.finish(!self.failed).await;
+                return None;
+            };
+            match upstream.frame().await {
+                None => {
+                    self.upstream = None;
+                    self.end_of_upstream().await;
+                }
+                Some(Err(error)) => {
+                    self.upstream = None;
+                    self.failed = true;
+                    self.finish(false).await;
+                    return Some(Err(error));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(bytes) => {
+                        let last = upstream.is_end_stream();
+                        self.take(bytes).await;
+                        if last && self.upstream.take().is_some() {
+                            self.end_of_upstream().await;
+                        }
+                    }
+                    // Trailers pass through as they are.
+                    Err(frame) => return Some(Ok(frame)),
+                },
+            }
+        }
+    }
+
+    /// Takes one frame of the upstream's body.
+    async fn take(&mut self, bytes: Bytes) {
+        if let Some(copy) = &mut self.json_copy {
+            if copy.len() + bytes.len() <= USAGE_COPY_LIMIT {
+                copy.extend_from_slice(&bytes);
+            } else {
+                self.json_copy = None;
+            }
+        }
+        let Some(splitter) = &mut self.splitter else {
+            self.out.push_back(bytes);
+            return;
+        };
+        splitter.push(&bytes);
+        if !self.chunk_hooks {
+            // Forwarded as it came, before the events in it are looked at:
+            // a route without chunk hooks adds no latency to a stream.
+            self.out.push_back(bytes);
+        }
+        if splitter.buffered() > MAX_EVENT_BYTES {
+            if self.chunk_hooks {
+                let error = ApiError::upstream_unavailable(format!(
+                    "the upstream sent an event longer than {MAX_EVENT_BYTES} bytes"
+                ));
+                self.out.push_back(Bytes::from(data_event(&String::from_utf8_lossy(&error.to_json()))));
+                self.upstream = None;
+                self.failed = true;
+            } else {
+                // Not an event stream after all: stop looking for usage in it.
+                self.splitter = None;
+            }
+            return;
+        }
+        while let Some(event) = self.splitter.as_mut().and_then(EventSplitter::next_event) {
+            self.event(event).await;
+            if self.upstream.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// The upstream's body has ended; an event missing its final blank
+    /// line is still an event.
+    async fn end_of_upstream(&mut self) {
+        if let Some(event) = self.splitter.as_mut().and_then(EventSplitter::remainder) {
+            self.event(event).await;
+        }
+        if let (Some(copy), Some(tail)) = (self.json_copy.take(), &mut self.tail) {
+            tail.usage = usage_in(&copy);
+        }
+    }
+
+    async fn event(&mut self, event: Bytes) {
+        let Some(tail) = &mut self.tail else { return };
+        let Some(data) = data_of(&event) else {
+            if self.chunk_hooks {
+                self.out.push_back(event);
+            }
+            return;
+        };
+        if data.contains("\"usage\"")
+            && let Some(usage) = usage_in(data.as_bytes())
+        {
+            tail.usage = Some(usage);
+        }
+        if !self.chunk_hooks {
+            return;
+        }
+        match run_chunk_hooks(&mut tail.plugins, data).await {
+            Chunk::Pass => self.out.push_back(event),
+            Chunk::Replace(data) => self.out.push_back(with_data(&event, &data)),
+            Chunk::Drop => {}
+            Chunk::Stop(last) => {
+                if let Some(last) = last {
+                    self.out.push_back(Bytes::from(data_event(&last)));
+                }
+                self.out.push_back(Bytes::from(data_event("[DONE]")));
+                self.upstream = None;
+            }
+            Chunk::Failed(error) => {
+                // The head is sent: the client learns of the failure the way
+                // OpenAI reports errors mid-stream, as an error event.
+                let json = String::from_utf8_lossy(&error.to_json()).into_owned();
+                self.out.push_back(Bytes::from(data_event(&json)));
+                self.upstream = None;
+                self.failed = true;
+            }
+        }
+    }
+
+    async fn finish(&mut self, completed: bool) {
+        if let Some(tail) = self.tail.take() {
+            tail.end(completed).await;
+        }
+    }
+}
+
+impl Drop for Relay {
+    /// The client went away before the end: the exchange still ends, off
+    /// the request's task.
+    fn drop(&mut self) {
+        if let Some(tail) = self.tail.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(tail.end(false));
+        }
+    }
+}
+
+enum Chunk {
+    Pass,
+    Replace(String),
+    Drop,
+    Stop(Option<String>),
+    Failed(ApiError),
+}
+
+async fn run_chunk_hooks(plugins: &mut [BodyPlugin], data: String) -> Chunk {
+    let mut current: Option<String> = None;
+    for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_CHUNK)) {
+        let seen = current.as_deref().unwrap_or(&data);
+        match plugin.instance.response_chunk(seen).await {
+            Ok(ChunkAction::Pass) => {}
+            Ok(ChunkAction::Replace(replacement)) => current = Some(replacement),
+            Ok(ChunkAction::Drop) => return Chunk::Drop,
+            Ok(ChunkAction::Stop(last)) => return Chunk::Stop(last),
+            Err(error) => {
+                if let Err(error) = fail(plugin, error) {
+                    return Chunk::Failed(error);
+                }
+            }
+        }
+    }
+    match current {
+        Some(data) => Chunk::Replace(data),
+        None => Chunk::Pass,
+    }
+}
+
+/// A failing plugin ends the response (`Closed`) or is skipped from here on
+/// (`Open`).
+fn fail(plugin: &mut BodyPlugin, error: PluginError) -> Result<(), ApiError> {
+    match plugin.plugin.decl.failure_policy {
+        FailurePolicy::Closed => Err(ApiError::plugin_failed(plugin.name(), error)),
+        FailurePolicy::Open => {
+            tracing::warn!(plugin = plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)");
+            plugin.skipped = true;
+            Ok(())
+        }
+    }
+}
+
+impl Tail {
+    async fn end(mut self, completed: bool) {
+        let exchange = &self.exchange;
+        let summary = ResponseSummary {
+            status: exchange.status,
+            streamed: exchange.streamed,
+            usage: self.usage,
+            body_bytes: self.body_bytes,
+            completed,
+            duration_ms: exchange.started.elapsed().as_millis() as u64,
+        };
+        tracing::debug!(
+            route = exchange.route,
+            model = exchange.model,
+            status = summary.status,
+            streamed = summary.streamed,
+            completed,
+            prompt_tokens = self.usage.map(|u| u.prompt_tokens),
+            completion_tokens = self.usage.map(|u| u.completion_tokens),
+            body_bytes = summary.body_bytes,
+            duration_ms = summary.duration_ms,
+            "response ended"
+        );
+        for plugin in self.plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_END)) {
+            // Nothing can change any more; a failure is only worth a log line.
+            if let Err(error) = plugin.instance.response_end(&summary).await {
+                tracing::warn!(plugin = plugin.name(), %error, "response-end hook failed");
+            }
+        }
+    }
+}
+
+/// The `usage` object of an OpenAI response or final stream chunk.
+pub fn usage_in(json: &[u8]) -> Option<Usage> {
+    #[derive(serde::Deserialize)]
+    struct WithUsage {
+        usage: Option<Counts>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Counts {
+        #[serde(default)]
+        prompt_tokens: u32,
+        #[serde(default)]
+        completion_tokens: u32,
+        #[serde(default)]
+        total_tokens: u32,
+    }
+    let counts = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
+    Some(Usage {
+        prompt_tokens: counts.prompt_tokens,
+        completion_tokens: counts.completion_tokens,
+        total_tokens: counts.total_tokens.max(counts.prompt_tokens + counts.completion_tokens),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_usage_from_responses_and_chunks() {
+        let usage = usage_in(br#"{"id":"x","usage":{"prompt_tokens":6,"completion_tokens":4,"total_tokens":10}}"#);
+        let usage = usage.unwrap();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.total_tokens), (6, 4, 10));
+        // Embeddings report no completion tokens.
+        let usage = usage_in(br#"{"usage":{"prompt_tokens":3,"total_tokens":3}}"#).unwrap();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 0));
+        assert!(usage_in(br#"{"choices":[],"usage":null}"#).is_none());
+        assert!(usage_in(b"[DONE]").is_none());
+    }
+}
