@@ -48,7 +48,9 @@ impl Default for ConfigDir {
 #[derive(Clone, Debug)]
 pub struct Plugin {
     name: String,
+    /// A `.wasm` path, or with `oci`, a reference.
     file: PathBuf,
+    oci: Option<(String, Option<String>)>,
     config: Option<Value>,
     open: bool,
     timeout_ms: Option<u32>,
@@ -62,6 +64,7 @@ impl Plugin {
         Plugin {
             name: name.to_string(),
             file: crate::plugin_wasm(wasm),
+            oci: None,
             config: None,
             open: false,
             timeout_ms: None,
@@ -69,6 +72,19 @@ impl Plugin {
             sha256: None,
             reused: None,
         }
+    }
+
+    /// A GatewayPlugin whose `source.oci` is `reference`.
+    pub fn oci(name: &str, reference: &str) -> Plugin {
+        Plugin { oci: Some((reference.to_string(), None)), ..Plugin::new(name, "add-header") }
+    }
+
+    /// `source.pullPolicy` of an OCI plugin.
+    pub fn pull_policy(mut self, policy: &str) -> Plugin {
+        if let Some((_, pull_policy)) = &mut self.oci {
+            *pull_policy = Some(policy.to_string());
+        }
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -110,7 +126,16 @@ impl Plugin {
 
     pub fn yaml(&self) -> String {
         // JSON strings and objects are valid YAML flow scalars and mappings.
-        let mut spec = format!("  source:\n    file: {}\n", Value::from(self.file.to_string_lossy()));
+        let mut spec = match &self.oci {
+            None => format!("  source:\n    file: {}\n", Value::from(self.file.to_string_lossy())),
+            Some((reference, policy)) => {
+                let mut source = format!("  source:\n    oci: {}\n", Value::from(reference.as_str()));
+                if let Some(policy) = policy {
+                    source += &format!("    pullPolicy: {policy}\n");
+                }
+                source
+            }
+        };
         if let Some(config) = &self.config {
             spec += &format!("  config: {config}\n");
         }

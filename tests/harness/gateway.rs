@@ -25,6 +25,10 @@ pub struct Options {
     pub max_body_bytes: Option<usize>,
     /// `--cache-dir`; the cache shared by all tests if unset.
     pub cache_dir: Option<PathBuf>,
+    /// `--oci-cache-dir`; a fresh one per gateway if unset.
+    pub oci_cache_dir: Option<PathBuf>,
+    /// More command-line arguments for `sluice run`.
+    pub args: Vec<String>,
 }
 
 /// A running gateway on free loopback ports, killed when dropped.
@@ -78,8 +82,12 @@ impl Gateway {
         if let Some(bytes) = options.max_body_bytes {
             command.arg("--max-body-bytes").arg(bytes.to_string());
         }
+        let oci_cache_dir = options.oci_cache_dir.clone().unwrap_or_else(|| scratch.path().join("oci"));
+        command.arg("--oci-cache-dir").arg(oci_cache_dir).args(&options.args);
         // Plain, predictable log lines for tests to search.
         command.env("RUST_LOG", "info").env("NO_COLOR", "1");
+        // No registry credentials from whoever runs the tests.
+        command.env("DOCKER_CONFIG", scratch.path().join("docker-config"));
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let child = command
             .stdin(Stdio::null())

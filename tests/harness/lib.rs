@@ -8,6 +8,7 @@ mod config;
 mod echo;
 mod gateway;
 mod http;
+mod registry;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ pub use config::{Backend, ConfigDir, Plugin, Route, documents};
 pub use echo::Echo;
 pub use gateway::{Gateway, Options};
 pub use http::{Client, Reply, Streamed, chat_body, sse_events};
+pub use registry::Registry;
 
 const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice and plugins/dist)";
 

@@ -6,7 +6,9 @@ mod plugin;
 mod route;
 
 pub use documents::{Document, DocumentError, parse_documents};
-pub use plugin::{GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, PluginSourceSpec};
+pub use plugin::{
+    GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, IsolationSpec, PluginSourceSpec, PullPolicySpec,
+};
 pub use route::{AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, PluginRefSpec};
 
 use kube::CustomResourceExt;

@@ -4,7 +4,7 @@ use std::time::Duration;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{FailurePolicy, Isolation, PluginDecl, PluginSource, ResourceKey};
+use sluice_core::{FailurePolicy, Isolation, PluginDecl, PluginSource, PullPolicy, ResourceKey};
 
 /// A WebAssembly component plugin and how to run it. Routes list plugins by
 /// name to build their chain.
@@ -69,13 +69,35 @@ pub enum IsolationSpec {
     Reused,
 }
 
-/// Where to load a component from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// Where to load a component from: exactly one of `oci` and `file`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PluginSourceSpec {
+    /// An OCI reference to the component: `registry/repo:tag`,
+    /// `registry/repo@sha256:<hex>`, or `registry/repo:tag@sha256:<hex>`.
+    /// A tag is resolved to a digest and the module is loaded by digest.
+    /// Accepted layouts: the CNCF Wasm artifact (`application/wasm`),
+    /// Istio/Envoy's `application/vnd.module.wasm.content.layer.v1+wasm`,
+    /// and an image whose single layer is a tar holding `plugin.wasm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<String>,
+    /// When `oci` names a tag: `IfNotPresent` (the default) resolves it once
+    /// and serves the cached module from then on, even across restarts;
+    /// `Always` resolves it on every load and periodically while serving, so
+    /// a moved tag is picked up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_policy: Option<PullPolicySpec>,
     /// A path to a `.wasm` component. In standalone mode a relative path
     /// resolves against the directory of the YAML file that declares it.
-    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PullPolicySpec {
+    #[default]
+    IfNotPresent,
+    Always,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -117,14 +139,27 @@ impl GatewayPlugin {
         {
             return Err(format!("spec.sha256 must be 64 lower-case hex digits, got `{pin}`"));
         }
-        if spec.source.file.is_empty() {
-            return Err("spec.source.file is empty".into());
-        }
-        let path = PathBuf::from(&spec.source.file);
-        let path = if path.is_absolute() { path } else { base_dir.join(path) };
+        let source = match (&spec.source.oci, &spec.source.file) {
+            (Some(reference), None) if !reference.trim().is_empty() => PluginSource::Oci {
+                reference: reference.trim().to_string(),
+                pull_policy: match spec.source.pull_policy.unwrap_or_default() {
+                    PullPolicySpec::IfNotPresent => PullPolicy::IfNotPresent,
+                    PullPolicySpec::Always => PullPolicy::Always,
+                },
+            },
+            (None, Some(file)) if !file.is_empty() => {
+                if spec.source.pull_policy.is_some() {
+                    return Err("spec.source.pullPolicy applies to `oci` sources only".into());
+                }
+                let path = PathBuf::from(file);
+                PluginSource::File(if path.is_absolute() { path } else { base_dir.join(path) })
+            }
+            (Some(_), Some(_)) => return Err("spec.source needs exactly one of `oci` and `file`, not both".into()),
+            _ => return Err("spec.source needs exactly one of `oci` and `file` (non-empty)".into()),
+        };
         Ok(PluginDecl {
             key: self.key(),
-            source: PluginSource::File(path),
+            source,
             sha256: spec.sha256.clone(),
             config: spec.config.clone().unwrap_or_else(|| serde_json::json!({})),
             failure_policy: match spec.failure_policy {

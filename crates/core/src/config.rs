@@ -59,14 +59,37 @@ impl Isolation {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum PluginSource {
     File(PathBuf),
+    /// An OCI reference: `registry/repo:tag`, `registry/repo@sha256:…` or
+    /// `registry/repo:tag@sha256:…`.
+    Oci { reference: String, pull_policy: PullPolicy },
+}
+
+impl PluginSource {
+    /// Whether loading it again may give a different module with no change
+    /// to the declaration: a tag re-resolved on every load.
+    pub fn may_move(&self) -> bool {
+        matches!(self, PluginSource::Oci { pull_policy: PullPolicy::Always, reference } if !reference.contains('@'))
+    }
 }
 
 impl fmt::Display for PluginSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PluginSource::File(path) => write!(f, "file:{}", path.display()),
+            PluginSource::Oci { reference, .. } => write!(f, "oci:{reference}"),
         }
     }
+}
+
+/// When a tag is resolved against the registry again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum PullPolicy {
+    /// Once: a tag resolved before (or a digest) is served from the cache.
+    #[default]
+    IfNotPresent,
+    /// On every load, and periodically while serving, so a moved tag is
+    /// picked up.
+    Always,
 }
 
 #[derive(Clone, Debug, PartialEq)]

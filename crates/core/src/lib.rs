@@ -6,7 +6,7 @@ pub mod config;
 pub mod error;
 
 pub use config::{
-    ApiKeySource, BackendDecl, DesiredConfig, FailurePolicy, Isolation, PluginDecl, PluginSource, ResourceError, ResourceKey,
+    ApiKeySource, BackendDecl, DesiredConfig, FailurePolicy, Isolation, PluginDecl, PluginSource, PullPolicy, ResourceError, ResourceKey,
     RouteDecl,
 };
 pub use error::{ApiError, ErrorType};

@@ -1,8 +1,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use sluice_core::ResourceError;
+use sluice_oci::Registry;
 use sluice_runtime::Runtime;
 use tokio::sync::watch;
 
@@ -14,13 +16,20 @@ use crate::upstream::UpstreamClient;
 pub struct Settings {
     /// Largest request body accepted; larger ones get a 413.
     pub max_body_bytes: usize,
+    /// How often plugins from OCI tags with `pullPolicy: Always` are
+    /// resolved again while serving.
+    pub oci_resync: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { max_body_bytes: 4 * 1024 * 1024 }
+        Self { max_body_bytes: 4 * 1024 * 1024, oci_resync: Duration::from_secs(60) }
     }
 }
+
+/// Waits before building a config again after a transient failure.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The data plane's shared state. Requests load the current snapshot once
 /// and keep it to the end; the config loop replaces it whole.
@@ -29,6 +38,8 @@ pub struct Gateway {
     pub(crate) report: ArcSwap<Report>,
     pub(crate) ready: AtomicBool,
     pub(crate) runtime: Runtime,
+    /// Fetches plugins with an `oci` source.
+    pub(crate) registry: Option<Registry>,
     pub(crate) upstream: UpstreamClient,
     pub(crate) settings: Settings,
 }
@@ -43,8 +54,13 @@ pub struct Report {
 }
 
 impl Gateway {
-    pub fn new(runtime: Runtime, settings: Settings) -> Result<Arc<Self>, crate::upstream::ClientError> {
+    pub fn new(
+        runtime: Runtime,
+        registry: Option<Registry>,
+        settings: Settings,
+    ) -> Result<Arc<Self>, crate::upstream::ClientError> {
         Ok(Arc::new(Self {
+            registry,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             report: ArcSwap::from_pointee(Report::default()),
             ready: AtomicBool::new(false),
@@ -65,19 +81,44 @@ impl Gateway {
     /// Applies every update from a config source: builds the next snapshot
     /// in full (every plugin compiled, configured and instantiated once),
     /// then swaps it in. Runs until the source goes away.
+    ///
+    /// The same config is built again, with nothing new from the source,
+    /// after a transient failure (with backoff) and periodically while some
+    /// plugin comes from an OCI tag that may move.
     pub async fn follow(self: Arc<Self>, mut updates: watch::Receiver<Option<ConfigUpdate>>) {
+        let mut retry_delay = RETRY_FIRST;
         loop {
             let update = updates.borrow_and_update().clone();
+            let mut again = None;
             if let Some(update) = update {
-                self.apply(update).await;
+                let outcome = self.apply(update).await;
+                again = match outcome {
+                    Applied::Retry => {
+                        let delay = retry_delay;
+                        retry_delay = (retry_delay * 2).min(RETRY_MAX);
+                        Some(delay)
+                    }
+                    Applied::Resync => Some(self.settings.oci_resync),
+                    Applied::Done => None,
+                };
+                if !matches!(outcome, Applied::Retry) {
+                    retry_delay = RETRY_FIRST;
+                }
             }
-            if updates.changed().await.is_err() {
-                return;
+            let rebuild = async {
+                match again {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = updates.changed() => if changed.is_err() { return },
+                () = rebuild => updates.mark_changed(),
             }
         }
     }
 
-    async fn apply(&self, update: ConfigUpdate) {
+    async fn apply(&self, update: ConfigUpdate) -> Applied {
         let desired = match update {
             ConfigUpdate::Desired(desired) => desired,
             ConfigUpdate::Invalid(errors) => {
@@ -86,11 +127,11 @@ impl Gateway {
                 }
                 let build = self.report.load().build.clone();
                 self.report.store(Arc::new(Report { source_errors: errors, build }));
-                return;
+                return Applied::Done;
             }
         };
         let previous = self.snapshot.load_full();
-        let (next, build) = snapshot::build(&self.runtime, &desired, &previous).await;
+        let (next, build) = snapshot::build(&self.runtime, self.registry.as_ref(), &desired, &previous).await;
         for error in &build.errors {
             tracing::error!(resource = %error.resource, "{}", error.message);
         }
@@ -100,8 +141,25 @@ impl Gateway {
             errors = build.errors.len(),
             "config applied"
         );
+        let outcome = if build.retry {
+            Applied::Retry
+        } else if desired.plugins.iter().any(|p| p.source.may_move()) {
+            Applied::Resync
+        } else {
+            Applied::Done
+        };
         self.snapshot.store(Arc::new(next));
         self.report.store(Arc::new(Report { source_errors: Vec::new(), build }));
         self.ready.store(true, Ordering::Release);
+        outcome
     }
+}
+
+/// What to do after applying a config.
+enum Applied {
+    Done,
+    /// A transient failure: build the same config again soon.
+    Retry,
+    /// Tags may move: build the same config again after the resync period.
+    Resync,
 }

@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::HeaderValue;
 use serde::Serialize;
 use sluice_core::{
-    ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, ResourceError, ResourceKey, RouteDecl,
+    ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, PullPolicy, ResourceError, ResourceKey,
+    RouteDecl,
 };
+use sluice_oci::{Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Limits, Runtime};
 
 #[derive(Default)]
@@ -62,15 +64,37 @@ impl Route {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct BuildReport {
     pub errors: Vec<ResourceError>,
+    /// Some failure may go away by itself (a registry that was
+    /// unreachable): the same config is worth building again later.
+    #[serde(skip)]
+    pub retry: bool,
+}
+
+/// Why a plugin could not be loaded.
+struct LoadFailure {
+    message: String,
+    transient: bool,
+}
+
+impl LoadFailure {
+    fn permanent(message: impl Into<String>) -> Self {
+        Self { message: message.into(), transient: false }
+    }
 }
 
 /// Builds the next snapshot. Each resource stands alone: a plugin or route
 /// that fails keeps its last good version from `previous` (if it had one)
 /// and is reported, and the rest is applied.
-pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapshot) -> (Snapshot, BuildReport) {
+pub async fn build(
+    runtime: &Runtime,
+    registry: Option<&Registry>,
+    desired: &DesiredConfig,
+    previous: &Snapshot,
+) -> (Snapshot, BuildReport) {
     let mut errors = Vec::new();
+    let mut retry = false;
 
-    let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, decl, previous));
+    let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, registry, decl, previous));
     let loaded = futures_util::future::join_all(loads).await;
     let mut plugins = HashMap::new();
     for (decl, result) in desired.plugins.iter().zip(loaded) {
@@ -78,7 +102,8 @@ pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapsh
             Ok(plugin) => {
                 plugins.insert(decl.key.clone(), plugin);
             }
-            Err(message) => {
+            Err(LoadFailure { message, transient }) => {
+                retry |= transient;
                 let resource = format!("GatewayPlugin {}", decl.key);
                 match previous.plugins.get(&decl.key) {
                     Some(last_good) => {
@@ -128,14 +153,20 @@ pub async fn build(runtime: &Runtime, desired: &DesiredConfig, previous: &Snapsh
     // Only plugins some route uses need to stay loaded, but all are kept so
     // their last good versions survive a route edit.
     let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
-    (snapshot, BuildReport { errors })
+    (snapshot, BuildReport { errors, retry })
 }
 
-async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) -> Result<Arc<LoadedPlugin>, String> {
+async fn load_plugin(
+    runtime: &Runtime,
+    registry: Option<&Registry>,
+    decl: &PluginDecl,
+    previous: &Snapshot,
+) -> Result<Arc<LoadedPlugin>, LoadFailure> {
     let bytes = match &decl.source {
-        PluginSource::File(path) => {
-            tokio::fs::read(path).await.map_err(|e| format!("reading {}: {e}", path.display()))?
-        }
+        PluginSource::File(path) => tokio::fs::read(path)
+            .await
+            .map_err(|e| LoadFailure::permanent(format!("reading {}: {e}", path.display())))?,
+        PluginSource::Oci { reference, pull_policy } => pull(registry, reference, *pull_policy, decl).await?,
     };
     let digest = sluice_runtime::digest_of(&bytes);
     // Same declaration, same bytes: the loaded version is still right.
@@ -145,11 +176,36 @@ async fn load_plugin(runtime: &Runtime, decl: &PluginDecl, previous: &Snapshot) 
     {
         return Ok(last.clone());
     }
-    let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| e.to_string())?;
+    let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| LoadFailure::permanent(e.to_string()))?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let plugin = module.configure(&decl.key.to_string(), &decl.config, limits, decl.isolation).await.map_err(|e| e.to_string())?;
-    tracing::info!(plugin = %decl.key, digest = %module.digest(), "plugin loaded");
+    let plugin = module
+        .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
+        .await
+        .map_err(|e| LoadFailure::permanent(e.to_string()))?;
+    tracing::info!(plugin = %decl.key, source = %decl.source, digest = %module.digest(), "plugin loaded");
     Ok(Arc::new(LoadedPlugin { decl: decl.clone(), plugin }))
+}
+
+/// Fetches an OCI plugin's module, verified against the pin if there is one.
+async fn pull(
+    registry: Option<&Registry>,
+    reference: &str,
+    policy: PullPolicy,
+    decl: &PluginDecl,
+) -> Result<Vec<u8>, LoadFailure> {
+    let registry = registry.ok_or_else(|| LoadFailure::permanent("OCI sources need a registry client"))?;
+    let parsed: Reference = reference.parse().map_err(|e: sluice_oci::OciError| LoadFailure::permanent(e.to_string()))?;
+    let policy = match policy {
+        PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
+        PullPolicy::Always => sluice_oci::PullPolicy::Always,
+    };
+    match registry.pull(&parsed, policy, decl.sha256.as_deref()).await {
+        Ok(pulled) => {
+            tracing::debug!(plugin = %decl.key, %reference, manifest = %pulled.manifest_digest, origin = ?pulled.origin, "module pulled");
+            Ok(pulled.module.to_vec())
+        }
+        Err(error) => Err(LoadFailure { transient: error.is_transient(), message: format!("pulling {reference}: {error}") }),
+    }
 }
 
 fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>) -> Result<Route, String> {
@@ -214,6 +270,7 @@ struct PluginView {
     digest: String,
     failure_policy: FailurePolicy,
     hooks: Vec<&'static str>,
+    isolation: sluice_core::Isolation,
     timeout_ms: u128,
     max_memory_mi_b: usize,
 }
@@ -224,20 +281,25 @@ impl Snapshot {
             .plugins
             .values()
             .map(|p| {
+                use sluice_runtime::Hooks;
                 let hooks = p.plugin.hooks();
-                let mut names = Vec::new();
-                if hooks.contains(sluice_runtime::Hooks::REQUEST) {
-                    names.push("request");
-                }
-                if hooks.contains(sluice_runtime::Hooks::RESPONSE_HEAD) {
-                    names.push("response-head");
-                }
+                let names = [
+                    (Hooks::REQUEST, "request"),
+                    (Hooks::RESPONSE_HEAD, "response-head"),
+                    (Hooks::RESPONSE_CHUNK, "response-chunk"),
+                    (Hooks::RESPONSE_BODY, "response-body"),
+                    (Hooks::RESPONSE_END, "response-end"),
+                ]
+                .into_iter()
+                .filter_map(|(hook, name)| hooks.contains(hook).then_some(name))
+                .collect();
                 PluginView {
                     name: p.decl.key.to_string(),
                     source: p.decl.source.to_string(),
                     digest: p.plugin.digest().to_string(),
                     failure_policy: p.decl.failure_policy,
                     hooks: names,
+                    isolation: p.decl.isolation,
                     timeout_ms: p.decl.timeout.as_millis(),
                     max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
                 }

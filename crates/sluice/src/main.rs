@@ -1,5 +1,7 @@
 //! `sluice`: parse the command line, build, run, drain on shutdown.
 
+mod oci_cmd;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +34,12 @@ enum Command {
     },
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
+    /// Push a plugin component to an OCI registry (CNCF Wasm layout).
+    Push(oci_cmd::PushArgs),
+    /// Pull a plugin component from an OCI registry, verified.
+    Pull(oci_cmd::PullArgs),
+    /// Describe a plugin artifact in an OCI registry.
+    Inspect(oci_cmd::InspectArgs),
 }
 
 #[derive(clap::Args)]
@@ -57,6 +65,11 @@ struct RunArgs {
     /// On shutdown, how long in-flight requests (streams included) may take to finish.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// How often plugins from OCI tags with `pullPolicy: Always` are resolved again.
+    #[arg(long, default_value_t = Settings::default().oci_resync.as_secs())]
+    oci_resync_seconds: u64,
+    #[command(flatten)]
+    registry: oci_cmd::RegistryArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,6 +94,9 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Run(args) => tokio_runtime()?.block_on(run(args)),
+        Command::Push(args) => tokio_runtime()?.block_on(oci_cmd::push(args)),
+        Command::Pull(args) => tokio_runtime()?.block_on(oci_cmd::pull(args)),
+        Command::Inspect(args) => tokio_runtime()?.block_on(oci_cmd::inspect(args)),
     }
 }
 
@@ -93,9 +109,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let runtime =
         Runtime::new(RuntimeConfig { cache_dir, max_instances: args.max_plugin_instances, ..Default::default() })
             .context("starting the plugin runtime")?;
-    // Loading the BPE tables takes a moment; do it before the first request needs them.
-    tokio::task::spawn_blocking(sluice_runtime::tokens::warm_up);
-    let gateway = Gateway::new(runtime, Settings { max_body_bytes: args.max_body_bytes })?;
+    // Loading the BPE tables takes a moment: it is done before the first
+    // config is applied (and so before /readyz), or a plugin's first
+    // `count-tokens` call would spend its deadline on it.
+    let warm_up = tokio::task::spawn_blocking(sluice_runtime::tokens::warm_up);
+    let registry = args.registry.registry().context("setting up the OCI registry client")?;
+    let settings =
+        Settings { max_body_bytes: args.max_body_bytes, oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)) };
+    let gateway = Gateway::new(runtime, Some(registry), settings)?;
 
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let admin = TcpListener::bind(args.admin).await.with_context(|| format!("binding {}", args.admin))?;
@@ -103,7 +124,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (updates_tx, updates_rx) = watch::channel(None);
     tokio::spawn(FileSource::new(&args.config).run(updates_tx));
-    tokio::spawn(gateway.clone().follow(updates_rx));
+    let following = gateway.clone();
+    tokio::spawn(async move {
+        let _ = warm_up.await;
+        following.follow(updates_rx).await;
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {

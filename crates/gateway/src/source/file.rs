@@ -113,7 +113,8 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
         }
     }
     for plugin in &desired.plugins {
-        let PluginSource::File(path) = &plugin.source;
+        // A registry's tags are followed by the gateway, not by this watcher.
+        let PluginSource::File(path) = &plugin.source else { continue };
         if let Ok(meta) = std::fs::metadata(path) {
             hasher.update(path.to_string_lossy().as_bytes());
             hasher.update(meta.len().to_le_bytes());

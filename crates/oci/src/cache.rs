@@ -1,0 +1,188 @@
+//! Content-addressed module cache on disk.
+//!
+//! ```text
+//! <root>/blobs/sha256/<hex>             module bytes, named by their sha256
+//! <root>/manifests/sha256/<hex>.json    manifest digest -> module digest, layer, format
+//! <root>/refs/<sha256 of reference>.json  tag reference -> manifest digest (last seen)
+//! <root>/tmp/                           staging for atomic writes
+//! ```
+//!
+//! Every file is written to tmp/, fsynced, then renamed into place, so a
+//! crash leaves either the old file or the new one, never half of one; and
+//! a blob is checked against its name when read, so a corrupted file is a
+//! cache miss, not a different plugin.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::{Format, OciError, Reference, sha256_digest};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Cache {
+    root: PathBuf,
+}
+
+/// What a manifest resolved to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ManifestRecord {
+    /// The image manifest's own digest (differs from the key for an index).
+    pub manifest_digest: String,
+    pub layer_digest: String,
+    pub module_digest: String,
+    pub format: Format,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RefRecord {
+    reference: String,
+    manifest_digest: String,
+}
+
+impl Cache {
+    pub(crate) fn open(root: &Path) -> Result<Cache, OciError> {
+        for dir in ["blobs/sha256", "manifests/sha256", "refs", "tmp"] {
+            let path = root.join(dir);
+            std::fs::create_dir_all(&path).map_err(|source| OciError::Cache { path, source })?;
+        }
+        Ok(Cache { root: root.to_path_buf() })
+    }
+
+    fn blob_path(&self, digest: &str) -> PathBuf {
+        self.root.join("blobs/sha256").join(hex_of(digest))
+    }
+
+    fn manifest_path(&self, digest: &str) -> PathBuf {
+        self.root.join("manifests/sha256").join(format!("{}.json", hex_of(digest)))
+    }
+
+    fn ref_path(&self, reference: &Reference) -> PathBuf {
+        let key = sha256_digest(reference.to_string().as_bytes());
+        self.root.join("refs").join(format!("{}.json", hex_of(&key)))
+    }
+
+    /// The blob named `digest`, if present and intact. Blocking: call from
+    /// a blocking context for large blobs.
+    pub(crate) fn read_blob(&self, digest: &str) -> Option<Bytes> {
+        let path = self.blob_path(digest);
+        let bytes = std::fs::read(&path).ok()?;
+        let actual = sha256_digest(&bytes);
+        if actual != digest {
+            tracing::warn!(path = %path.display(), expected = digest, %actual, "cached blob is corrupt; discarding it");
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
+        Some(Bytes::from(bytes))
+    }
+
+    /// Stores `bytes` under their own sha256 (which the caller has already
+    /// checked against what it expected). Blocking.
+    pub(crate) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
+        let path = self.blob_path(digest);
+        if path.is_file() {
+            return Ok(());
+        }
+        self.write_atomically(&path, bytes)
+    }
+
+    pub(crate) fn manifest(&self, digest: &str) -> Option<ManifestRecord> {
+        let text = std::fs::read(self.manifest_path(digest)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub(crate) fn put_manifest(&self, digest: &str, record: &ManifestRecord) -> Result<(), OciError> {
+        let json = serde_json::to_vec_pretty(record).expect("a record serializes");
+        self.write_atomically(&self.manifest_path(digest), &json)
+    }
+
+    /// The manifest digest `reference` (a tag) pointed to when last resolved.
+    pub(crate) fn tag(&self, reference: &Reference) -> Option<String> {
+        let text = std::fs::read(self.ref_path(reference)).ok()?;
+        let record: RefRecord = serde_json::from_slice(&text).ok()?;
+        // The file name is a hash; guard against the (theoretical) collision.
+        (record.reference == reference.to_string()).then_some(record.manifest_digest)
+    }
+
+    pub(crate) fn put_tag(&self, reference: &Reference, manifest_digest: &str) -> Result<(), OciError> {
+        let record = RefRecord { reference: reference.to_string(), manifest_digest: manifest_digest.to_string() };
+        let json = serde_json::to_vec_pretty(&record).expect("a record serializes");
+        self.write_atomically(&self.ref_path(reference), &json)
+    }
+
+    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
+        let error = |source| OciError::Cache { path: path.to_path_buf(), source };
+        let mut staged = tempfile::NamedTempFile::new_in(self.root.join("tmp")).map_err(error)?;
+        staged.write_all(bytes).map_err(error)?;
+        staged.as_file().sync_all().map_err(error)?;
+        staged.persist(path).map_err(|e| error(e.error))?;
+        // The rename itself is durable only once the directory is synced.
+        if let Some(dir) = path.parent()
+            && let Ok(dir) = std::fs::File::open(dir)
+        {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+}
+
+fn hex_of(digest: &str) -> &str {
+    digest.strip_prefix("sha256:").unwrap_or(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_round_trip_and_are_named_by_their_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let bytes = b"module bytes";
+        let digest = sha256_digest(bytes);
+        assert!(cache.read_blob(&digest).is_none());
+        cache.write_blob(&digest, bytes).unwrap();
+        assert_eq!(cache.read_blob(&digest).unwrap(), &bytes[..]);
+        assert!(dir.path().join("blobs/sha256").join(hex_of(&digest)).is_file());
+        // Nothing is left behind in the staging directory.
+        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_corrupted_blob_is_a_miss_and_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let digest = sha256_digest(b"original");
+        cache.write_blob(&digest, b"original").unwrap();
+        std::fs::write(cache.blob_path(&digest), b"tampered").unwrap();
+        assert!(cache.read_blob(&digest).is_none());
+        assert!(!cache.blob_path(&digest).exists());
+    }
+
+    #[test]
+    fn manifests_and_tags_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let reference: Reference = "127.0.0.1:5000/p:v1".parse().unwrap();
+        let other: Reference = "127.0.0.1:5000/p:v2".parse().unwrap();
+        let manifest = sha256_digest(b"manifest");
+        assert_eq!(cache.tag(&reference), None);
+        cache.put_tag(&reference, &manifest).unwrap();
+        assert_eq!(cache.tag(&reference), Some(manifest.clone()));
+        assert_eq!(cache.tag(&other), None);
+
+        let record = ManifestRecord {
+            manifest_digest: manifest.clone(),
+            layer_digest: sha256_digest(b"layer"),
+            module_digest: sha256_digest(b"module"),
+            format: Format::ImageTar,
+        };
+        cache.put_manifest(&manifest, &record).unwrap();
+        assert_eq!(cache.manifest(&manifest), Some(record));
+        // A moved tag overwrites the old mapping.
+        let moved = sha256_digest(b"manifest 2");
+        cache.put_tag(&reference, &moved).unwrap();
+        assert_eq!(cache.tag(&reference), Some(moved));
+    }
+}

@@ -1,0 +1,310 @@
+//! Which artifact layouts hold a plugin, and how to get the module out.
+
+use std::fmt;
+use std::io::Read;
+
+use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageIndex, OciImageManifest};
+use serde::{Deserialize, Serialize};
+
+use crate::OciError;
+use crate::media_types as mt;
+
+/// The layout a module was found in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// CNCF Wasm OCI artifact: one `application/wasm` layer.
+    CncfWasm,
+    /// Istio / Envoy Gateway: one `application/vnd.module.wasm.content.layer.v1+wasm` layer.
+    IstioWasm,
+    /// A container image whose single tar (or tar+gzip) layer holds `plugin.wasm`.
+    ImageTar,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::CncfWasm => "cncf-wasm",
+            Format::IstioWasm => "istio-wasm",
+            Format::ImageTar => "image-tar",
+        })
+    }
+}
+
+/// The media types of a manifest's config and layers, for error messages.
+pub(crate) fn media_types(manifest: &OciImageManifest) -> Vec<String> {
+    std::iter::once(&manifest.config).chain(&manifest.layers).map(|d| d.media_type.clone()).collect()
+}
+
+/// Finds the layout and the one layer holding the module.
+pub(crate) fn detect(manifest: &OciImageManifest) -> Result<(Format, &OciDescriptor), OciError> {
+    let unsupported = |reason: String| OciError::UnsupportedFormat { media_types: media_types(manifest), reason };
+    let [layer] = manifest.layers.as_slice() else {
+        return Err(unsupported(format!(
+            "a plugin artifact has exactly one layer, this one has {}",
+            manifest.layers.len()
+        )));
+    };
+    let format = match layer.media_type.as_str() {
+        mt::WASM_LAYER => Format::CncfWasm,
+        mt::ISTIO_WASM_LAYER => Format::IstioWasm,
+        mt::OCI_LAYER_TAR | mt::OCI_LAYER_TAR_GZIP | mt::DOCKER_LAYER_TAR | mt::DOCKER_LAYER_TAR_GZIP => {
+            Format::ImageTar
+        }
+        other => {
+            return Err(unsupported(format!(
+                "layer type {other} is not {}, {} or an image tar layer holding plugin.wasm",
+                mt::WASM_LAYER,
+                mt::ISTIO_WASM_LAYER
+            )));
+        }
+    };
+    Ok((format, layer))
+}
+
+/// Picks the Wasm entry of an image index: the only one, or the one whose
+/// platform is wasm/wasi.
+pub(crate) fn choose_index_entry(index: &OciImageIndex) -> Result<&ImageIndexEntry, OciError> {
+    if let [only] = index.manifests.as_slice() {
+        return Ok(only);
+    }
+    let is_wasm = |entry: &&ImageIndexEntry| {
+        entry.platform.as_ref().is_some_and(|p| {
+            p.architecture.to_string() == "wasm" || matches!(p.os.to_string().as_str(), "wasi" | "wasip1" | "wasip2")
+        })
+    };
+    index.manifests.iter().find(is_wasm).ok_or_else(|| OciError::UnsupportedFormat {
+        media_types: index.manifests.iter().map(|e| e.media_type.clone()).collect(),
+        reason: format!(
+            "image index has {} entries and none for platform wasm/wasi (platforms: {})",
+            index.manifests.len(),
+            index
+                .manifests
+                .iter()
+                .map(|e| e.platform.as_ref().map_or("none".into(), |p| format!("{}/{}", p.os, p.architecture)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+/// Takes `plugin.wasm` out of an image layer (tar, gzip-compressed or not),
+/// reading at most `max` bytes of it.
+pub(crate) fn extract_plugin_wasm(layer: &[u8], max: u64, media_types: &[String]) -> Result<Vec<u8>, OciError> {
+    let unsupported = |reason: String| OciError::UnsupportedFormat { media_types: media_types.to_vec(), reason };
+    // Sniff rather than trust the media type: both lie in the wild.
+    let reader: Box<dyn Read + '_> =
+        if layer.starts_with(&[0x1f, 0x8b]) { Box::new(flate2::read::GzDecoder::new(layer)) } else { Box::new(layer) };
+    let mut archive = tar::Archive::new(reader);
+    let entries = archive.entries().map_err(|e| unsupported(format!("image layer is not a tar archive: {e}")))?;
+    let mut seen = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| unsupported(format!("image layer is not a readable tar archive: {e}")))?;
+        let path = entry.path().map_err(|e| unsupported(format!("tar entry path: {e}")))?.into_owned();
+        let name = path.to_string_lossy().trim_start_matches("./").trim_start_matches('/').to_string();
+        if name != "plugin.wasm" || !entry.header().entry_type().is_file() {
+            if seen.len() < 10 {
+                seen.push(name);
+            }
+            continue;
+        }
+        let size = entry.header().size().unwrap_or(0);
+        if size > max {
+            return Err(OciError::TooLarge { size, max });
+        }
+        let mut module = Vec::with_capacity(size as usize);
+        entry
+            .take(max + 1)
+            .read_to_end(&mut module)
+            .map_err(|e| unsupported(format!("reading plugin.wasm from the image layer: {e}")))?;
+        if module.len() as u64 > max {
+            return Err(OciError::TooLarge { size: module.len() as u64, max });
+        }
+        return Ok(module);
+    }
+    Err(unsupported(format!(
+        "the image layer has no plugin.wasm at its root (entries: {})",
+        if seen.is_empty() { "none".to_string() } else { seen.join(", ") }
+    )))
+}
+
+/// The CNCF Wasm artifact config (`application/vnd.wasm.config.v0+json`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WasmConfig {
+    /// RFC 3339 creation time.
+    pub created: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// Always `wasm`.
+    pub architecture: String,
+    /// `wasip2` for components.
+    pub os: String,
+    /// The manifest's layer digests, in order.
+    pub layer_digests: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<WasmConfigComponent>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WasmConfigComponent {
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+    /// The WIT world the component targets, when known.
+    pub target: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor(media_type: &str) -> OciDescriptor {
+        OciDescriptor {
+            media_type: media_type.into(),
+            digest: format!("sha256:{}", "0".repeat(64)),
+            size: 10,
+            ..Default::default()
+        }
+    }
+
+    fn manifest(config: &str, layers: &[&str]) -> OciImageManifest {
+        OciImageManifest {
+            schema_version: 2,
+            media_type: Some(mt::OCI_MANIFEST.into()),
+            config: descriptor(config),
+            layers: layers.iter().map(|m| descriptor(m)).collect(),
+            subject: None,
+            artifact_type: None,
+            annotations: None,
+        }
+    }
+
+    #[test]
+    fn detects_each_accepted_layout() {
+        let cases = [
+            (mt::WASM_CONFIG, mt::WASM_LAYER, Format::CncfWasm),
+            ("application/vnd.module.wasm.config.v1+json", mt::ISTIO_WASM_LAYER, Format::IstioWasm),
+            ("application/vnd.oci.image.config.v1+json", mt::OCI_LAYER_TAR_GZIP, Format::ImageTar),
+            ("application/vnd.docker.container.image.v1+json", mt::DOCKER_LAYER_TAR_GZIP, Format::ImageTar),
+            ("application/vnd.oci.image.config.v1+json", mt::OCI_LAYER_TAR, Format::ImageTar),
+        ];
+        for (config, layer, expected) in cases {
+            let manifest = manifest(config, &[layer]);
+            let (format, found) = detect(&manifest).unwrap();
+            assert_eq!((format, found.media_type.as_str()), (expected, layer));
+        }
+    }
+
+    #[test]
+    fn refuses_other_layouts_naming_their_media_types() {
+        let helm = manifest(
+            "application/vnd.cncf.helm.config.v1+json",
+            &["application/vnd.cncf.helm.chart.content.v1.tar+gzip"],
+        );
+        let err = detect(&helm).unwrap_err().to_string();
+        assert!(err.contains("application/vnd.cncf.helm.config.v1+json"), "{err}");
+        assert!(err.contains("application/vnd.cncf.helm.chart.content.v1.tar+gzip"), "{err}");
+
+        let two = manifest(mt::WASM_CONFIG, &[mt::WASM_LAYER, mt::WASM_LAYER]);
+        assert!(detect(&two).unwrap_err().to_string().contains("exactly one layer, this one has 2"));
+        let none = manifest(mt::WASM_CONFIG, &[]);
+        assert!(matches!(detect(&none), Err(OciError::UnsupportedFormat { .. })));
+    }
+
+    fn index(platforms: &[(&str, &str)]) -> OciImageIndex {
+        let entries = platforms
+            .iter()
+            .enumerate()
+            .map(|(i, (os, arch))| {
+                serde_json::from_value(serde_json::json!({
+                    "mediaType": mt::OCI_MANIFEST,
+                    "digest": format!("sha256:{i:064}"),
+                    "size": 100,
+                    "platform": {"os": os, "architecture": arch},
+                }))
+                .unwrap()
+            })
+            .collect();
+        OciImageIndex {
+            schema_version: 2,
+            media_type: Some(mt::OCI_INDEX.into()),
+            manifests: entries,
+            artifact_type: None,
+            annotations: None,
+        }
+    }
+
+    #[test]
+    fn chooses_the_wasm_entry_of_an_index() {
+        let multi = index(&[("linux", "amd64"), ("wasip2", "wasm"), ("linux", "arm64")]);
+        assert_eq!(choose_index_entry(&multi).unwrap().digest, format!("sha256:{:064}", 1));
+        let single = index(&[("linux", "amd64")]);
+        assert_eq!(choose_index_entry(&single).unwrap().digest, format!("sha256:{:064}", 0));
+        let none = index(&[("linux", "amd64"), ("linux", "arm64")]);
+        let err = choose_index_entry(&none).unwrap_err().to_string();
+        assert!(err.contains("linux/amd64, linux/arm64"), "{err}");
+    }
+
+    fn tar_with(files: &[(&str, &[u8])], gzip: bool) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append_data(&mut header, name, *data).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        if !gzip {
+            return tar;
+        }
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, &tar).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn extracts_plugin_wasm_from_plain_and_gzipped_tars() {
+        let module = b"\0asm-module-bytes".as_slice();
+        for gzip in [false, true] {
+            let layer = tar_with(&[("runtime-config.json", b"{}"), ("./plugin.wasm", module)], gzip);
+            assert_eq!(extract_plugin_wasm(&layer, 1024, &[]).unwrap(), module, "gzip={gzip}");
+        }
+    }
+
+    #[test]
+    fn a_tar_without_plugin_wasm_is_refused_listing_its_entries() {
+        let layer = tar_with(&[("etc/passwd", b"root"), ("bin/plugin.wasm", b"x")], true);
+        let err = extract_plugin_wasm(&layer, 1024, &[mt::OCI_LAYER_TAR_GZIP.into()]).unwrap_err().to_string();
+        assert!(err.contains("etc/passwd") && err.contains("bin/plugin.wasm"), "{err}");
+        assert!(err.contains(mt::OCI_LAYER_TAR_GZIP), "{err}");
+        assert!(extract_plugin_wasm(b"not a tar at all, certainly", 1024, &[]).is_err());
+    }
+
+    #[test]
+    fn an_oversized_plugin_wasm_in_a_tar_is_refused() {
+        let layer = tar_with(&[("plugin.wasm", &[7u8; 2048])], true);
+        match extract_plugin_wasm(&layer, 1000, &[]) {
+            Err(OciError::TooLarge { size, max }) => assert_eq!((size, max), (2048, 1000)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn wasm_config_uses_the_spec_field_names() {
+        let config = WasmConfig {
+            created: "2026-01-01T00:00:00Z".into(),
+            author: None,
+            architecture: "wasm".into(),
+            os: "wasip2".into(),
+            layer_digests: vec!["sha256:ab".into()],
+            component: Some(WasmConfigComponent { exports: vec!["e".into()], imports: vec!["i".into()], target: None }),
+        };
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["layerDigests"][0], "sha256:ab");
+        assert_eq!(json["component"]["exports"][0], "e");
+        assert_eq!(json["component"]["imports"][0], "i");
+        assert!(json["component"]["target"].is_null());
+        assert_eq!(serde_json::from_value::<WasmConfig>(json).unwrap(), config);
+    }
+}
