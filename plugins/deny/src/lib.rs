@@ -1,17 +1,8 @@
 //! Answers a request directly, by default with 403, when a request header
 //! holds a denied value or the request asks for a denied model.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use serde::Deserialize;
-
-wit_bindgen::generate!({ path: "../../wit", world: "plugin" });
-
-use exports::sluice::plugin::filter::Guest;
-use sluice::plugin::host::log;
-use sluice::plugin::types::{
-    DirectResponse, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-};
+use sluice_plugin_sdk::prelude::*;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -36,14 +27,20 @@ fn default_message() -> String {
     "request denied by policy".to_string()
 }
 
-impl Config {
-    fn parse(json: &str) -> Result<Self, String> {
-        let mut config: Config = serde_json::from_str(json).map_err(|e| format!("deny: invalid config: {e}"))?;
+#[derive(Debug)]
+struct Deny(Config);
+
+impl Plugin for Deny {
+    const NAME: &'static str = "deny";
+    type Config = Config;
+    type State = ();
+
+    fn new(mut config: Config) -> Result<Self, String> {
         match (&config.header, config.values.is_empty()) {
-            (Some(_), true) => return Err("deny: `header` needs at least one of `values`".into()),
-            (None, false) => return Err("deny: `values` needs a `header` to match".into()),
+            (Some(_), true) => return Err("`header` needs at least one of `values`".into()),
+            (None, false) => return Err("`values` needs a `header` to match".into()),
             (None, true) if config.models.is_empty() => {
-                return Err("deny: nothing to match on: set `header` and `values`, or `models`".into());
+                return Err("nothing to match on: set `header` and `values`, or `models`".into());
             }
             _ => {}
         }
@@ -52,86 +49,54 @@ impl Config {
             *header = header.to_ascii_lowercase();
         }
         if !(400..=599).contains(&config.status) {
-            return Err(format!("deny: status {} is outside 400..=599", config.status));
+            return Err(format!("status {} is outside 400..=599", config.status));
         }
-        Ok(config)
+        Ok(Deny(config))
     }
 
+    fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        match self.denial_reason(req) {
+            Some(reason) => {
+                host::log(LogLevel::Info, "request denied", &[("reason", &reason)]);
+                Err(self.error())
+            }
+            None => Ok(Action::continue_()),
+        }
+    }
+}
+
+impl Deny {
     /// Why `req` is denied, or `None` to let it through.
     fn denial_reason(&self, req: &Request) -> Option<String> {
-        if let Some(header) = &self.header {
+        let config = &self.0;
+        if let Some(header) = &config.header {
             let denied_value =
-                req.headers.iter().filter(|(name, _)| name == header).find(|(_, value)| self.values.contains(value));
-            if let Some((_, value)) = denied_value {
+                req.headers.get_all_headers(header).find(|value| config.values.iter().any(|v| v == value));
+            if let Some(value) = denied_value {
                 return Some(format!("header {header} is {value:?}"));
             }
         }
-        if self.models.contains(&req.model) {
+        if config.models.contains(&req.model) {
             return Some(format!("model {:?} is denied", req.model));
         }
         None
     }
 
-    fn response(&self) -> DirectResponse {
-        let body = serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": "permission_error",
-                "code": "request_denied",
-            }
-        });
-        DirectResponse {
-            status: self.status,
-            headers: vec![("content-type".to_string(), "application/json".to_string())],
-            body: body.to_string().into_bytes(),
-        }
+    fn error(&self) -> ApiError {
+        // Always a permission error, whatever status the operator picked.
+        ApiError::new(self.0.status, "request_denied", &self.0.message).with_type("permission_error")
     }
 }
 
-/// Set by `configure`, which the host calls first on every instance.
-static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
-
-fn config() -> MutexGuard<'static, Option<Config>> {
-    CONFIG.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-struct Deny;
-
-impl Guest for Deny {
-    fn configure(config_json: String) -> Result<Hooks, String> {
-        *config() = Some(Config::parse(&config_json)?);
-        Ok(Hooks::REQUEST)
-    }
-
-    fn request_filter(req: Request) -> RequestAction {
-        let Some(config) = &*config() else {
-            // An empty body asks the host to write its OpenAI-shaped error.
-            return RequestAction::Respond(DirectResponse { status: 500, headers: Vec::new(), body: Vec::new() });
-        };
-        match config.denial_reason(&req) {
-            Some(reason) => {
-                log(LogLevel::Info, "request denied", &[("reason".to_string(), reason)]);
-                RequestAction::Respond(config.response())
-            }
-            None => RequestAction::Continue(RequestEdits {
-                set_headers: Vec::new(),
-                remove_headers: Vec::new(),
-                body: None,
-            }),
-        }
-    }
-
-    fn response_filter(_resp: Response) -> ResponseAction {
-        // Not declared in `configure`, so the host never calls it.
-        ResponseAction::Continue(ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() })
-    }
-}
-
-export!(Deny);
+export_plugin!(Deny);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(json: &str) -> Result<Deny, String> {
+        sluice_plugin_sdk::configure::<Deny>(json)
+    }
 
     fn request(model: &str, headers: &[(&str, &str)]) -> Request {
         Request {
@@ -149,21 +114,21 @@ mod tests {
 
     #[test]
     fn denies_a_listed_header_value() {
-        let config = Config::parse(EXAMPLE).unwrap();
+        let config = parse(EXAMPLE).unwrap();
         let req = request("gpt-4o-mini", &[("x-other", "blocked"), ("x-tenant", "ok"), ("x-tenant", "blocked")]);
         assert_eq!(config.denial_reason(&req).unwrap(), r#"header x-tenant is "blocked""#);
     }
 
     #[test]
     fn denies_a_listed_model() {
-        let config = Config::parse(EXAMPLE).unwrap();
+        let config = parse(EXAMPLE).unwrap();
         let req = request("forbidden-model", &[("x-tenant", "ok")]);
         assert_eq!(config.denial_reason(&req).unwrap(), r#"model "forbidden-model" is denied"#);
     }
 
     #[test]
     fn lets_other_requests_through() {
-        let config = Config::parse(EXAMPLE).unwrap();
+        let config = parse(EXAMPLE).unwrap();
         for req in [
             request("gpt-4o-mini", &[]),
             request("gpt-4o-mini", &[("x-tenant", "Blocked")]),
@@ -176,33 +141,35 @@ mod tests {
 
     #[test]
     fn responds_with_an_openai_shaped_error() {
-        let response = Config::parse(EXAMPLE).unwrap().response();
+        let deny = parse(EXAMPLE).unwrap();
+        let Err(error) = deny.on_request(&request("forbidden-model", &[]), &mut ()) else { panic!("denied") };
+        let Action::Respond(response) = error.into_action() else { panic!("an error responds") };
         assert_eq!(response.status, 451);
         assert_eq!(response.headers, vec![("content-type".to_string(), "application/json".to_string())]);
         let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
         assert_eq!(
             body,
             serde_json::json!({"error": {"message": "tenant is not allowed",
-                "type": "permission_error", "code": "request_denied"}})
+                "type": "permission_error", "param": null, "code": "request_denied"}})
         );
     }
 
     #[test]
     fn defaults_to_403() {
-        let config = Config::parse(r#"{"models": ["m"]}"#).unwrap();
-        assert_eq!(config.status, 403);
-        assert_eq!(config.message, "request denied by policy");
+        let config = parse(r#"{"models": ["m"]}"#).unwrap();
+        assert_eq!(config.0.status, 403);
+        assert_eq!(config.0.message, "request denied by policy");
     }
 
     #[test]
     fn rejects_configs_with_nothing_to_match() {
         for json in [r#"{}"#, r#"{"models": [], "status": 403}"#] {
-            let err = Config::parse(json).unwrap_err();
+            let err = parse(json).unwrap_err();
             assert!(err.contains("nothing to match on"), "{json}: {err}");
         }
-        let err = Config::parse(r#"{"header": "x-tenant"}"#).unwrap_err();
+        let err = parse(r#"{"header": "x-tenant"}"#).unwrap_err();
         assert!(err.contains("needs at least one of `values`"), "{err}");
-        let err = Config::parse(r#"{"values": ["blocked"], "models": ["m"]}"#).unwrap_err();
+        let err = parse(r#"{"values": ["blocked"], "models": ["m"]}"#).unwrap_err();
         assert!(err.contains("needs a `header`"), "{err}");
     }
 
@@ -210,12 +177,12 @@ mod tests {
     fn rejects_a_status_outside_4xx_5xx() {
         for status in [200, 399, 600] {
             let json = serde_json::json!({"models": ["m"], "status": status}).to_string();
-            let err = Config::parse(&json).unwrap_err();
+            let err = parse(&json).unwrap_err();
             assert!(err.contains("outside 400..=599"), "{status}: {err}");
         }
         for status in [400, 599] {
             let json = serde_json::json!({"models": ["m"], "status": status}).to_string();
-            assert_eq!(Config::parse(&json).unwrap().status, status);
+            assert_eq!(parse(&json).unwrap().0.status, status);
         }
     }
 }

@@ -5,11 +5,7 @@
 use std::hint::black_box;
 
 use serde::Deserialize;
-
-wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
-
-use exports::sluice::plugin::filter::Guest;
-use sluice::plugin::types::{Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits};
+use sluice_plugin_sdk::prelude::*;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -18,13 +14,29 @@ struct Config {
     reject_config: bool,
 }
 
-fn check_config(json: &str) -> Result<(), String> {
-    // An absent config may arrive as `null`.
-    let config: Option<Config> = serde_json::from_str(json).map_err(|e| format!("chaos: invalid config: {e}"))?;
-    if config.unwrap_or_default().reject_config {
-        return Err("chaos: config rejected on purpose".to_string());
+#[derive(Debug)]
+struct ChaosPlugin;
+
+impl Plugin for ChaosPlugin {
+    const NAME: &'static str = "chaos";
+    type Config = Config;
+    type State = ();
+
+    fn new(config: Config) -> Result<Self, String> {
+        if config.reject_config {
+            return Err("config rejected on purpose".to_string());
+        }
+        Ok(ChaosPlugin)
     }
-    Ok(())
+
+    fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        match Chaos::requested_by(req) {
+            Chaos::Trap => trap(),
+            Chaos::Spin => spin(),
+            Chaos::Grow => grow(),
+            Chaos::None => Ok(Edits::new().set_header("x-chaos-seen", "1").into()),
+        }
+    }
 }
 
 #[derive(Debug, PartialEq)]
@@ -37,8 +49,7 @@ enum Chaos {
 
 impl Chaos {
     fn requested_by(req: &Request) -> Chaos {
-        let value = req.headers.iter().find(|(name, _)| name == "x-chaos").map(|(_, v)| v.as_str());
-        match value {
+        match req.header("x-chaos") {
             Some("trap") => Chaos::Trap,
             Some("spin") => Chaos::Spin,
             Some("grow") => Chaos::Grow,
@@ -70,38 +81,15 @@ fn grow() -> ! {
     }
 }
 
-struct ChaosPlugin;
-
-impl Guest for ChaosPlugin {
-    fn configure(config_json: String) -> Result<Hooks, String> {
-        check_config(&config_json)?;
-        Ok(Hooks::REQUEST)
-    }
-
-    fn request_filter(req: Request) -> RequestAction {
-        match Chaos::requested_by(&req) {
-            Chaos::Trap => trap(),
-            Chaos::Spin => spin(),
-            Chaos::Grow => grow(),
-            Chaos::None => RequestAction::Continue(RequestEdits {
-                set_headers: vec![("x-chaos-seen".to_string(), "1".to_string())],
-                remove_headers: Vec::new(),
-                body: None,
-            }),
-        }
-    }
-
-    fn response_filter(_resp: Response) -> ResponseAction {
-        // Not declared in `configure`, so the host never calls it.
-        ResponseAction::Continue(ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() })
-    }
-}
-
-export!(ChaosPlugin);
+export_plugin!(ChaosPlugin);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn check_config(json: &str) -> Result<(), String> {
+        sluice_plugin_sdk::configure::<ChaosPlugin>(json).map(|_| ())
+    }
 
     #[test]
     fn config_can_be_rejected_on_purpose() {
@@ -114,19 +102,19 @@ mod tests {
 
     #[test]
     fn the_x_chaos_header_picks_the_failure() {
-        let request = |headers: &[(&str, &str)]| Request {
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
-            body: Vec::new(),
-            model: "m".into(),
-            route: "default/chat".into(),
-        };
+        let request = |headers: &[(&str, &str)]| sluice_plugin_sdk::testing::request_with_headers("m", headers);
         assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "trap")])), Chaos::Trap);
         assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "spin")])), Chaos::Spin);
         assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "grow")])), Chaos::Grow);
         assert_eq!(Chaos::requested_by(&request(&[("x-chaos", "nap")])), Chaos::None);
         assert_eq!(Chaos::requested_by(&request(&[("x-other", "trap")])), Chaos::None);
         assert_eq!(Chaos::requested_by(&request(&[])), Chaos::None);
+    }
+
+    #[test]
+    fn other_requests_pass_marked() {
+        let action =
+            ChaosPlugin.on_request(&sluice_plugin_sdk::testing::request_with_headers("m", &[]), &mut ()).unwrap();
+        assert_eq!(action.edits().unwrap().header("x-chaos-seen"), Some("1"));
     }
 }

@@ -1,0 +1,372 @@
+//! JWT verification against an inline JWKS.
+//!
+//! Each key is bound to one algorithm when the config loads: the JWK's `alg`,
+//! or the one its type implies (`oct` HS256, `RSA` RS256, `EC` P-256 ES256 /
+//! P-384 ES384, `OKP` EdDSA). A token is only checked with keys bound to the
+//! algorithm its header names, so `alg: none` and HS/RS confusion (an HS256
+//! token "signed" with an RSA public key) find no key and fail. Time claims
+//! are checked against the gateway's clock, not the guest's.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sluice_plugin_sdk::host;
+
+pub type Claims = Map<String, Value>;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JwtConfig {
+    /// `{"keys": [JWK, …]}`, as an identity provider publishes it.
+    jwks: Jwks,
+    /// Accepted `iss` values; unchecked when absent.
+    issuer: Option<OneOrMany>,
+    /// Accepted `aud` values (one must be in the token); unchecked when absent.
+    audience: Option<OneOrMany>,
+    /// Clock skew allowed for `exp` and `nbf`.
+    #[serde(default = "default_leeway")]
+    leeway_seconds: u64,
+    /// Refuse tokens without `exp`: they would never expire.
+    #[serde(default = "yes")]
+    require_exp: bool,
+    /// The claim naming the consumer (a dotted path for nested claims).
+    #[serde(default = "default_consumer_claim")]
+    consumer_claim: String,
+    /// Scopes the token must all have, from `scope` (space-separated) or `scp`.
+    #[serde(default)]
+    required_scopes: Vec<String>,
+    /// Claims that must have these values (or, for list claims, contain them).
+    #[serde(default)]
+    required_claims: Map<String, Value>,
+    /// Upstream header name → claim path, e.g. `x-tenant: org.id`.
+    #[serde(default)]
+    claim_headers: BTreeMap<String, String>,
+}
+
+fn default_leeway() -> u64 {
+    60
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_consumer_claim() -> String {
+    "sub".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Jwks {
+    keys: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        }
+    }
+}
+
+struct Key {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+pub struct JwtVerifier {
+    keys: Vec<Key>,
+    issuers: Vec<String>,
+    audiences: Vec<String>,
+    leeway: u64,
+    require_exp: bool,
+    consumer_claim: String,
+    required_scopes: Vec<String>,
+    required_claims: Map<String, Value>,
+    claim_headers: Vec<(String, String)>,
+}
+
+/// Why a valid token may not proceed: a 403.
+pub struct Forbidden {
+    pub code: &'static str,
+    pub message: String,
+    /// For `insufficient_scope`, the scopes needed.
+    pub scope: Option<String>,
+}
+
+impl JwtVerifier {
+    pub fn new(config: JwtConfig) -> Result<JwtVerifier, String> {
+        if config.jwks.keys.is_empty() {
+            return Err("jwt.jwks.keys is empty".into());
+        }
+        let keys = config
+            .jwks
+            .keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, key)| load_key(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
+            .collect::<Result<_, _>>()?;
+        let claim_headers = config
+            .claim_headers
+            .into_iter()
+            .map(|(header, claim)| Ok((header_name(&header)?, claim)))
+            .collect::<Result<_, String>>()?;
+        Ok(JwtVerifier {
+            keys,
+            issuers: config.issuer.map(OneOrMany::into_vec).unwrap_or_default(),
+            audiences: config.audience.map(OneOrMany::into_vec).unwrap_or_default(),
+            leeway: config.leeway_seconds,
+            require_exp: config.require_exp,
+            consumer_claim: config.consumer_claim,
+            required_scopes: config.required_scopes,
+            required_claims: config.required_claims,
+            claim_headers,
+        })
+    }
+
+    /// The token's claims, if its signature, time window, issuer and
+    /// audience are all good; otherwise why not.
+    pub fn verify(&self, token: &str) -> Result<Claims, String> {
+        let header = token_header(token)?;
+        let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
+        if alg_name.eq_ignore_ascii_case("none") {
+            return Err("unsigned tokens (alg none) are not accepted".into());
+        }
+        let alg: Algorithm = alg_name.parse().map_err(|_| format!("unsupported token algorithm {alg_name:?}"))?;
+        let kid = header.get("kid").and_then(Value::as_str);
+        let candidates: Vec<&Key> = self.keys.iter().filter(|k| kid.is_none() || k.kid.as_deref() == kid).collect();
+        if candidates.is_empty() {
+            return Err(format!("no key with kid {:?}", kid.unwrap_or_default()));
+        }
+        // Only keys bound to the token's algorithm: this is what defeats
+        // algorithm confusion.
+        let candidates: Vec<&Key> = candidates.into_iter().filter(|k| k.alg == alg).collect();
+        if candidates.is_empty() {
+            return Err(format!("no key accepts {alg_name} tokens"));
+        }
+        let mut validation = Validation::new(alg);
+        // Time, issuer and audience are checked below with the host's clock.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims.clear();
+        let claims = candidates
+            .iter()
+            .find_map(|key| jsonwebtoken::decode::<Claims>(token, &key.key, &validation).ok())
+            .ok_or("invalid token signature")?
+            .claims;
+        self.check_time(&claims)?;
+        self.check_issuer_and_audience(&claims)?;
+        Ok(claims)
+    }
+
+    fn check_time(&self, claims: &Claims) -> Result<(), String> {
+        let now = host::now_unix_secs() as f64;
+        let leeway = self.leeway as f64;
+        match numeric(claims, "exp")? {
+            Some(exp) if now > exp + leeway => return Err("token has expired".into()),
+            None if self.require_exp => return Err("token has no exp claim".into()),
+            _ => {}
+        }
+        match numeric(claims, "nbf")? {
+            Some(nbf) if now + leeway < nbf => Err("token is not valid yet (nbf)".into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_issuer_and_audience(&self, claims: &Claims) -> Result<(), String> {
+        if !self.issuers.is_empty() {
+            let issuer = claims.get("iss").and_then(Value::as_str);
+            if !issuer.is_some_and(|iss| self.issuers.iter().any(|i| i == iss)) {
+                return Err("token issuer is not accepted".into());
+            }
+        }
+        if !self.audiences.is_empty() {
+            let audiences: Vec<&str> = match claims.get("aud") {
+                Some(Value::String(aud)) => vec![aud],
+                Some(Value::Array(auds)) => auds.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            };
+            if !audiences.iter().any(|aud| self.audiences.iter().any(|a| a == aud)) {
+                return Err("token audience is not accepted".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Scopes and required claims, for a token already known to be valid.
+    pub fn check_access(&self, claims: &Claims) -> Result<(), Forbidden> {
+        let granted = scopes(claims);
+        let missing: Vec<&str> =
+            self.required_scopes.iter().map(String::as_str).filter(|s| !granted.contains(s)).collect();
+        if !missing.is_empty() {
+            return Err(Forbidden {
+                code: "insufficient_scope",
+                message: format!("the token lacks the scopes {missing:?}"),
+                scope: Some(self.required_scopes.join(" ")),
+            });
+        }
+        for (name, wanted) in &self.required_claims {
+            if !claim_matches(claim(claims, name), wanted) {
+                return Err(Forbidden {
+                    code: "claim_not_allowed",
+                    message: format!("the token's {name:?} claim does not have an allowed value"),
+                    scope: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The consumer the token names.
+    pub fn consumer(&self, claims: &Claims) -> Result<String, String> {
+        match claim(claims, &self.consumer_claim) {
+            Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            _ => Err(format!("the token has no {:?} claim naming the consumer", self.consumer_claim)),
+        }
+    }
+
+    /// Upstream headers from claims: `None` (remove the header) for a claim
+    /// the token lacks or that cannot be a header value.
+    pub fn claim_headers(&self, claims: &Claims) -> Vec<(String, Option<String>)> {
+        self.claim_headers
+            .iter()
+            .map(|(header, path)| {
+                let value = claim(claims, path).and_then(header_value).filter(|v| !v.chars().any(char::is_control));
+                (header.clone(), value)
+            })
+            .collect()
+    }
+}
+
+/// Whether a bearer credential has a JWT's shape: three base64url parts.
+pub fn looks_like_jwt(credential: &str) -> bool {
+    let parts: Vec<&str> = credential.split('.').collect();
+    parts.len() == 3
+        && parts[..2].iter().all(|p| !p.is_empty())
+        && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+}
+
+/// Checks `name` is an HTTP token (RFC 9110) and lower-cases it.
+pub fn header_name(name: &str) -> Result<String, String> {
+    let is_token_char = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(is_token_char) {
+        return Err(format!("{name:?} is not a valid header name"));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+fn load_key(value: Value) -> Result<Key, String> {
+    let jwk: Jwk = serde_json::from_value(value).map_err(|e| format!("not a supported JWK: {e}"))?;
+    if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+        return Err("an encryption key (`use: enc`) cannot verify signatures".into());
+    }
+    let implied = match &jwk.algorithm {
+        AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+            EllipticCurve::P256 => Algorithm::ES256,
+            EllipticCurve::P384 => Algorithm::ES384,
+            ref other => return Err(format!("curve {other:?} is not supported")),
+        },
+        AlgorithmParameters::OctetKeyPair(_) => Algorithm::EdDSA,
+    };
+    let alg = match jwk.common.key_algorithm {
+        None => implied,
+        Some(declared) => {
+            let name = format!("{declared:?}");
+            let declared: Algorithm = name.parse().map_err(|_| format!("alg {name} is not a signature algorithm"))?;
+            let fits = declared.family() == implied.family()
+                && !matches!((&jwk.algorithm, declared), (AlgorithmParameters::EllipticCurve(_), d) if d != implied);
+            if !fits {
+                return Err(format!("alg {name} does not fit this key's type and curve"));
+            }
+            declared
+        }
+    };
+    let key = DecodingKey::from_jwk(&jwk).map_err(|e| format!("unusable key: {e}"))?;
+    Ok(Key { kid: jwk.common.key_id.clone(), alg, key })
+}
+
+/// The token's header as JSON, read before any key is chosen.
+fn token_header(token: &str) -> Result<Map<String, Value>, String> {
+    let encoded = token.split('.').next().unwrap_or_default();
+    let bytes = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| "malformed token header".to_string())?;
+    serde_json::from_slice(&bytes).map_err(|_| "malformed token header".to_string())
+}
+
+fn numeric(claims: &Claims, name: &str) -> Result<Option<f64>, String> {
+    match claims.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n.as_f64().map(Some).ok_or_else(|| format!("the {name} claim is not a number")),
+        Some(_) => Err(format!("the {name} claim is not a number")),
+    }
+}
+
+/// A claim by dotted path: `org.id` is `{"org": {"id": …}}`. An exact
+/// top-level name wins, for claims that are URLs with dots.
+fn claim<'a>(claims: &'a Claims, path: &str) -> Option<&'a Value> {
+    if let Some(value) = claims.get(path) {
+        return Some(value);
+    }
+    let mut parts = path.split('.');
+    let mut value = claims.get(parts.next()?)?;
+    for part in parts {
+        value = value.get(part)?;
+    }
+    Some(value)
+}
+
+fn scopes(claims: &Claims) -> Vec<&str> {
+    let mut scopes = Vec::new();
+    for name in ["scope", "scp"] {
+        match claims.get(name) {
+            Some(Value::String(list)) => scopes.extend(list.split_whitespace()),
+            Some(Value::Array(list)) => scopes.extend(list.iter().filter_map(Value::as_str)),
+            _ => {}
+        }
+    }
+    scopes
+}
+
+/// Whether a claim has the wanted value: equal to it (or to one of a wanted
+/// list), or for a list claim, containing it.
+fn claim_matches(actual: Option<&Value>, wanted: &Value) -> bool {
+    let Some(actual) = actual else { return false };
+    let wanted: Vec<&Value> = match wanted {
+        Value::Array(any_of) => any_of.iter().collect(),
+        one => vec![one],
+    };
+    match actual {
+        Value::Array(items) => items.iter().any(|item| wanted.contains(&item)),
+        one => wanted.contains(&one),
+    }
+}
+
+fn header_value(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(_) | Value::Bool(_) => Some(value.to_string()),
+        Value::Array(items) => {
+            let parts: Option<Vec<String>> = items.iter().map(header_value).collect();
+            parts.map(|parts| parts.join(","))
+        }
+        Value::Null => None,
+        Value::Object(_) => Some(value.to_string()),
+    }
+}

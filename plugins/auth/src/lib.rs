@@ -1,0 +1,226 @@
+//! Authenticates clients by API key or JWT, fails closed, strips the
+//! client's credential before forwarding, and tells the upstream who called
+//! in a header. 401 for a missing or invalid credential, 403 for a valid one
+//! that may not do what it asks.
+
+mod jwt;
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sluice_plugin_sdk::ModelPattern;
+use sluice_plugin_sdk::prelude::*;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use crate::jwt::{JwtConfig, JwtVerifier};
+
+/// Headers that carry the client's credential. Never forwarded.
+const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    api_keys: Vec<ApiKeyConfig>,
+    jwt: Option<JwtConfig>,
+    /// The header naming the consumer upstream.
+    #[serde(default = "default_consumer_header")]
+    consumer_header: String,
+    /// Model patterns each consumer may use; `"*"` is for consumers not
+    /// listed. Without an entry that applies, every model is allowed.
+    #[serde(default)]
+    allowed_models: BTreeMap<String, Vec<ModelPattern>>,
+    /// The `realm` in `www-authenticate`.
+    #[serde(default = "default_realm")]
+    realm: String,
+}
+
+fn default_consumer_header() -> String {
+    "x-sluice-consumer".to_string()
+}
+
+fn default_realm() -> String {
+    "sluice".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiKeyConfig {
+    consumer: String,
+    /// Hex SHA-256 of the key: the key itself never sits in the config.
+    sha256: String,
+}
+
+struct ApiKey {
+    consumer: String,
+    hash: [u8; 32],
+}
+
+struct Auth {
+    api_keys: Vec<ApiKey>,
+    jwt: Option<JwtVerifier>,
+    consumer_header: String,
+    allowed_models: BTreeMap<String, Vec<ModelPattern>>,
+    realm: String,
+}
+
+/// Who called, once authenticated.
+#[derive(Debug, PartialEq)]
+struct Identity {
+    consumer: String,
+    /// Upstream headers from token claims; `None` removes the header.
+    headers: Vec<(String, Option<String>)>,
+}
+
+impl Plugin for Auth {
+    const NAME: &'static str = "auth";
+    type Config = Config;
+    type State = ();
+
+    fn new(config: Config) -> Result<Self, String> {
+        if config.api_keys.is_empty() && config.jwt.is_none() {
+            return Err("configure `apiKeys`, `jwt` or both: with neither, no request could pass".into());
+        }
+        let api_keys = config
+            .api_keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, key)| {
+                if key.consumer.is_empty() {
+                    return Err(format!("apiKeys[{i}]: `consumer` is empty"));
+                }
+                let hash =
+                    parse_sha256(&key.sha256).ok_or_else(|| format!("apiKeys[{i}]: `sha256` must be 64 hex digits"))?;
+                Ok(ApiKey { consumer: key.consumer, hash })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Auth {
+            api_keys,
+            jwt: config.jwt.map(JwtVerifier::new).transpose()?,
+            consumer_header: jwt::header_name(&config.consumer_header)?,
+            allowed_models: config.allowed_models,
+            realm: config.realm.replace(['"', '\\'], ""),
+        })
+    }
+
+    fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        let identity = self.authenticate(req)?;
+        self.authorize(&identity, &req.model)?;
+        let mut edits = Edits::new();
+        for header in CREDENTIAL_HEADERS {
+            edits = edits.remove_header(header);
+        }
+        // Set, never appended: a client cannot pose as someone else by
+        // sending these headers itself.
+        edits = edits.set_header(&self.consumer_header, &identity.consumer);
+        for (name, value) in &identity.headers {
+            edits = match value {
+                Some(value) => edits.set_header(name, value),
+                None => edits.remove_header(name),
+            };
+        }
+        Ok(edits.into())
+    }
+}
+
+impl Auth {
+    fn authenticate(&self, req: &Request) -> Result<Identity, ApiError> {
+        if let Some(authorization) = req.header("authorization") {
+            let authorization = authorization.trim();
+            let (scheme, credential) = authorization.split_once(' ').unwrap_or((authorization, ""));
+            if !scheme.eq_ignore_ascii_case("bearer") {
+                return Err(self.unauthorized(
+                    "invalid_authorization",
+                    "the Authorization scheme must be Bearer",
+                    None,
+                ));
+            }
+            let credential = credential.trim();
+            return match &self.jwt {
+                Some(jwt) if jwt::looks_like_jwt(credential) => self.token(jwt, credential),
+                _ => self.api_key(credential),
+            };
+        }
+        if let Some(key) = req.header("x-api-key") {
+            return self.api_key(key.trim());
+        }
+        Err(self.unauthorized(
+            "missing_credentials",
+            "authentication required: send `Authorization: Bearer <key or token>` or `x-api-key`",
+            None,
+        ))
+    }
+
+    fn token(&self, jwt: &JwtVerifier, token: &str) -> Result<Identity, ApiError> {
+        let invalid = |why: String| self.unauthorized("invalid_token", &why, Some("invalid_token"));
+        let claims = jwt.verify(token).map_err(invalid)?;
+        let consumer = jwt.consumer(&claims).map_err(invalid)?;
+        jwt.check_access(&claims).map_err(|denied| {
+            let mut challenge = format!("Bearer realm=\"{}\", error=\"insufficient_scope\"", self.realm);
+            if let Some(scope) = &denied.scope {
+                challenge += &format!(", scope=\"{scope}\"");
+            }
+            ApiError::new(403, denied.code, denied.message).with_header("www-authenticate", &challenge)
+        })?;
+        Ok(Identity { consumer, headers: jwt.claim_headers(&claims) })
+    }
+
+    /// Finds the key's consumer, comparing the key's hash with every
+    /// configured hash in constant time.
+    fn api_key(&self, key: &str) -> Result<Identity, ApiError> {
+        if self.api_keys.is_empty() || key.is_empty() {
+            return Err(self.unauthorized("invalid_api_key", "invalid API key", Some("invalid_token")));
+        }
+        let presented: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        // 1-based index of the match; 0 for none. No early exit.
+        let mut found = 0u32;
+        for (i, entry) in self.api_keys.iter().enumerate() {
+            let same = presented.ct_eq(&entry.hash);
+            found = u32::conditional_select(&found, &(i as u32 + 1), same);
+        }
+        match found.checked_sub(1).and_then(|i| self.api_keys.get(i as usize)) {
+            Some(entry) => Ok(Identity { consumer: entry.consumer.clone(), headers: Vec::new() }),
+            None => Err(self.unauthorized("invalid_api_key", "invalid API key", Some("invalid_token"))),
+        }
+    }
+
+    fn authorize(&self, identity: &Identity, model: &str) -> Result<(), ApiError> {
+        let patterns = self.allowed_models.get(&identity.consumer).or_else(|| self.allowed_models.get("*"));
+        match patterns {
+            Some(patterns) if !patterns.iter().any(|p| p.matches(model)) => Err(ApiError::new(
+                403,
+                "model_not_allowed",
+                format!("consumer {:?} may not use model {model:?}", identity.consumer),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A 401 with a `www-authenticate` challenge (RFC 6750).
+    fn unauthorized(&self, code: &str, message: &str, error: Option<&str>) -> ApiError {
+        let mut challenge = format!("Bearer realm=\"{}\"", self.realm);
+        if let Some(error) = error {
+            let description: String = message.chars().filter(|c| *c != '"' && *c != '\\' && !c.is_control()).collect();
+            challenge += &format!(", error=\"{error}\", error_description=\"{description}\"");
+        }
+        ApiError::new(401, code, message).with_header("www-authenticate", &challenge)
+    }
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim().to_ascii_lowercase();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(hash)
+}
+
+export_plugin!(Auth);
+
+#[cfg(test)]
+mod tests;

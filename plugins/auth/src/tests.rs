@@ -1,0 +1,275 @@
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::{EncodingKey, Header};
+use serde_json::{Value, json};
+use sluice_plugin_sdk::host::testing::set_now_unix_ms;
+use sluice_plugin_sdk::testing::request_with_headers;
+
+use super::*;
+
+const JWKS: &str = include_str!("../testdata/jwks.json");
+const RSA_PRIVATE: &str = include_str!("../testdata/rsa-private.pem");
+const RSA_PUBLIC: &str = include_str!("../testdata/rsa-public.pem");
+const EC_PRIVATE: &str = include_str!("../testdata/ec-private.pem");
+const NOW: u64 = 1_800_000_000;
+/// "hunter2" hashed.
+const KEY_HASH: &str = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
+const HS_SECRET: &[u8] = b"a shared secret of at least 32 bytes!!";
+
+fn auth(config: Value) -> Auth {
+    set_now_unix_ms(Some(NOW * 1000));
+    sluice_plugin_sdk::configure::<Auth>(&config.to_string()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn jwt_config() -> Value {
+    let mut jwks: Value = serde_json::from_str(JWKS).unwrap();
+    jwks["keys"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"kty": "oct", "kid": "hs-1", "k": URL_SAFE_NO_PAD.encode(HS_SECRET)}));
+    json!({"jwt": {"jwks": jwks, "issuer": "https://idp.example", "audience": ["sluice", "other"],
+        "claimHeaders": {"x-tenant": "org.id", "x-groups": "groups"}}})
+}
+
+fn claims() -> Value {
+    json!({"sub": "alice", "iss": "https://idp.example", "aud": "sluice", "exp": NOW + 300, "nbf": NOW - 10,
+        "org": {"id": "acme"}, "groups": ["a", "b"], "scope": "chat:write models:read"})
+}
+
+fn sign(alg: jsonwebtoken::Algorithm, kid: Option<&str>, claims: &Value) -> String {
+    let key = match alg {
+        jsonwebtoken::Algorithm::RS256 => EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap(),
+        jsonwebtoken::Algorithm::ES256 => EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap(),
+        _ => EncodingKey::from_secret(HS_SECRET),
+    };
+    let mut header = Header::new(alg);
+    header.kid = kid.map(str::to_string);
+    jsonwebtoken::encode(&header, claims, &key).unwrap()
+}
+
+fn bearer(token: &str) -> Vec<(String, String)> {
+    vec![("authorization".into(), format!("Bearer {token}"))]
+}
+
+fn call(auth: &Auth, model: &str, headers: &[(String, String)]) -> Result<Edits, ApiError> {
+    set_now_unix_ms(Some(NOW * 1000));
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let action = auth.on_request(&request_with_headers(model, &headers), &mut ())?;
+    Ok(action.edits().expect("continues").clone())
+}
+
+fn rejected(auth: &Auth, headers: &[(String, String)]) -> ApiError {
+    call(auth, "gpt", headers).expect_err("rejected")
+}
+
+#[test]
+fn the_test_key_hash_is_right() {
+    assert_eq!(parse_sha256(KEY_HASH), Some(Sha256::digest(b"hunter2").into()));
+}
+
+#[test]
+fn api_keys_authenticate_by_bearer_or_x_api_key_and_are_stripped() {
+    let auth = auth(json!({"apiKeys": [{"consumer": "team-a", "sha256": "00".repeat(32)},
+        {"consumer": "team-b", "sha256": KEY_HASH.to_uppercase()}]}));
+    for headers in [bearer("hunter2"), vec![("x-api-key".to_string(), "hunter2".to_string())]] {
+        let edits = call(&auth, "gpt", &headers).unwrap();
+        assert_eq!(edits.header("x-sluice-consumer"), Some("team-b"));
+        assert_eq!(edits.remove_headers, ["authorization", "x-api-key"]);
+    }
+}
+
+#[test]
+fn missing_and_wrong_credentials_are_401_with_a_challenge() {
+    let auth = auth(json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}]}));
+    let error = rejected(&auth, &[]);
+    assert_eq!((error.status, error.code.as_str()), (401, "missing_credentials"));
+    assert_eq!(error.headers, [("www-authenticate".to_string(), "Bearer realm=\"sluice\"".to_string())]);
+    for headers in [bearer("hunter3"), bearer(""), vec![("x-api-key".into(), "HUNTER2".into())]] {
+        let error = rejected(&auth, &headers);
+        assert_eq!((error.status, error.code.as_str()), (401, "invalid_api_key"), "{headers:?}");
+        assert!(error.headers[0].1.contains("error=\"invalid_token\""));
+    }
+    let error = rejected(&auth, &[("authorization".into(), "Basic aHVudGVyMg==".into())]);
+    assert_eq!(error.code, "invalid_authorization");
+    // A JWT-shaped bearer with no JWT config is just a wrong key.
+    assert_eq!(rejected(&auth, &bearer("a.b.c")).code, "invalid_api_key");
+}
+
+#[test]
+fn valid_jwts_of_each_algorithm_pass_with_claims_mapped_to_headers() {
+    let auth = auth(jwt_config());
+    for (alg, kid) in [
+        (jsonwebtoken::Algorithm::RS256, Some("rsa-1")),
+        (jsonwebtoken::Algorithm::ES256, Some("ec-1")),
+        (jsonwebtoken::Algorithm::HS256, None),
+    ] {
+        let edits = call(&auth, "gpt", &bearer(&sign(alg, kid, &claims()))).unwrap_or_else(|e| panic!("{alg:?}: {e}"));
+        assert_eq!(edits.header("x-sluice-consumer"), Some("alice"), "{alg:?}");
+        assert_eq!(edits.header("x-tenant"), Some("acme"));
+        assert_eq!(edits.header("x-groups"), Some("a,b"));
+        assert!(edits.remove_headers.contains(&"authorization".to_string()));
+    }
+}
+
+#[test]
+fn a_claim_the_token_lacks_removes_the_client_header() {
+    let auth = auth(jwt_config());
+    let mut claims = claims();
+    claims.as_object_mut().unwrap().remove("org");
+    let edits = call(&auth, "gpt", &bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), &claims))).unwrap();
+    assert_eq!(edits.header("x-tenant"), None);
+    assert!(edits.remove_headers.contains(&"x-tenant".to_string()), "a client-sent x-tenant must not pass");
+}
+
+#[test]
+fn bad_jwts_are_401() {
+    let auth = auth(jwt_config());
+    let rs = |claims: &Value| sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), claims);
+    let with = |key: &str, value: Value| {
+        let mut claims = claims();
+        claims[key] = value;
+        claims
+    };
+    let without = |key: &str| {
+        let mut claims = claims();
+        claims.as_object_mut().unwrap().remove(key);
+        claims
+    };
+    let good = rs(&claims());
+    let (head, rest) = good.split_once('.').unwrap();
+    let (payload, signature) = rest.split_once('.').unwrap();
+    let forged_payload = URL_SAFE_NO_PAD.encode(with("sub", json!("mallory")).to_string());
+    let none_header = URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#);
+    // HS256 "signed" with the RSA public key's bytes: the classic confusion.
+    let confused = {
+        let header = Header::new(jsonwebtoken::Algorithm::HS256);
+        jsonwebtoken::encode(&header, &claims(), &EncodingKey::from_secret(RSA_PUBLIC.as_bytes())).unwrap()
+    };
+    let mut flipped = signature.as_bytes().to_vec();
+    flipped[10] = if flipped[10] == b'A' { b'B' } else { b'A' };
+    let cases = [
+        ("expired", rs(&with("exp", json!(NOW - 61))), "token has expired"),
+        ("not yet valid", rs(&with("nbf", json!(NOW + 61))), "token is not valid yet (nbf)"),
+        ("no exp", rs(&without("exp")), "token has no exp claim"),
+        ("wrong audience", rs(&with("aud", json!(["else"]))), "token audience is not accepted"),
+        ("no audience", rs(&without("aud")), "token audience is not accepted"),
+        ("wrong issuer", rs(&with("iss", json!("https://evil.example"))), "token issuer is not accepted"),
+        (
+            "bad signature",
+            format!("{head}.{payload}.{}", String::from_utf8(flipped).unwrap()),
+            "invalid token signature",
+        ),
+        ("forged payload", format!("{head}.{forged_payload}.{signature}"), "invalid token signature"),
+        ("alg none", format!("{none_header}.{payload}."), "unsigned tokens (alg none) are not accepted"),
+        (
+            "alg none, signed",
+            format!("{none_header}.{payload}.{signature}"),
+            "unsigned tokens (alg none) are not accepted",
+        ),
+        ("HS256 with the RSA public key", confused, "invalid token signature"),
+        ("unknown kid", sign(jsonwebtoken::Algorithm::RS256, Some("rsa-9"), &claims()), "no key with kid \"rsa-9\""),
+        (
+            "kid of another type",
+            sign(jsonwebtoken::Algorithm::HS256, Some("rsa-1"), &claims()),
+            "no key accepts HS256 tokens",
+        ),
+        ("no consumer", rs(&without("sub")), "the token has no \"sub\" claim naming the consumer"),
+        ("garbage header", "e30x.e30.sig".to_string(), "malformed token header"),
+    ];
+    for (what, token, message) in cases {
+        let error = rejected(&auth, &bearer(&token));
+        assert_eq!(
+            (error.status, error.code.as_str(), error.message.as_str()),
+            (401, "invalid_token", message),
+            "{what}"
+        );
+        assert!(error.headers[0].1.contains("error=\"invalid_token\""), "{what}");
+    }
+}
+
+#[test]
+fn hs_rs_confusion_fails_even_against_the_rsa_key_alone() {
+    // Only the RSA key configured: an HS256 token has no key to try at all.
+    let jwks: Value = serde_json::from_str(JWKS).unwrap();
+    let auth = auth(json!({"jwt": {"jwks": {"keys": [jwks["keys"][0]]}}}));
+    let header = Header::new(jsonwebtoken::Algorithm::HS256);
+    let token = jsonwebtoken::encode(&header, &claims(), &EncodingKey::from_secret(RSA_PUBLIC.as_bytes())).unwrap();
+    assert_eq!(rejected(&auth, &bearer(&token)).message, "no key accepts HS256 tokens");
+}
+
+#[test]
+fn leeway_is_applied_both_ways() {
+    let auth = auth(jwt_config());
+    let mut claims = claims();
+    claims["exp"] = json!(NOW - 59);
+    claims["nbf"] = json!(NOW + 59);
+    assert!(call(&auth, "gpt", &bearer(&sign(jsonwebtoken::Algorithm::ES256, None, &claims))).is_ok());
+}
+
+#[test]
+fn scopes_required_claims_and_models_are_403() {
+    let mut config = jwt_config();
+    config["jwt"]["requiredScopes"] = json!(["chat:write"]);
+    config["jwt"]["requiredClaims"] = json!({"org.id": ["acme", "globex"]});
+    config["allowedModels"] = json!({"alice": ["gpt-4o*"], "*": ["small-*"]});
+    let auth = auth(config);
+    let token = |claims: &Value| bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), claims));
+    assert!(call(&auth, "gpt-4o-mini", &token(&claims())).is_ok());
+
+    let error = call(&auth, "o3", &token(&claims())).unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (403, "model_not_allowed"));
+    assert_eq!(error.message, "consumer \"alice\" may not use model \"o3\"");
+
+    let mut bob = claims();
+    bob["sub"] = json!("bob");
+    assert!(call(&auth, "small-1", &token(&bob)).is_ok(), "unlisted consumers get the * entry");
+    assert_eq!(call(&auth, "gpt-4o", &token(&bob)).unwrap_err().code, "model_not_allowed");
+
+    let mut reader = claims();
+    reader["scope"] = json!("models:read");
+    let error = call(&auth, "gpt-4o", &token(&reader)).unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (403, "insufficient_scope"));
+    assert!(error.headers[0].1.contains("scope=\"chat:write\""), "{:?}", error.headers);
+    let mut scp = claims();
+    scp.as_object_mut().unwrap().remove("scope");
+    scp["scp"] = json!(["chat:write"]);
+    assert!(call(&auth, "gpt-4o", &token(&scp)).is_ok(), "scp as a list works too");
+
+    let mut other_org = claims();
+    other_org["org"]["id"] = json!("initech");
+    let error = call(&auth, "gpt-4o", &token(&other_org)).unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (403, "claim_not_allowed"));
+}
+
+#[test]
+fn api_key_consumers_are_limited_by_allowed_models_too() {
+    let auth = auth(json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}],
+        "allowedModels": {"team-b": ["llama3"]}, "consumerHeader": "X-Team"}));
+    assert_eq!(call(&auth, "llama3", &bearer("hunter2")).unwrap().header("x-team"), Some("team-b"));
+    assert_eq!(call(&auth, "gpt", &bearer("hunter2")).unwrap_err().status, 403);
+}
+
+#[test]
+fn bad_configs_are_rejected() {
+    let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();
+    assert!(error(json!({})).contains("configure `apiKeys`, `jwt` or both"));
+    assert!(error(json!({"apiKeys": [{"consumer": "a", "sha256": "abc"}]})).contains("64 hex digits"));
+    assert!(error(json!({"apiKeys": [{"consumer": "a", "sha256": "zz".repeat(32)}]})).contains("64 hex digits"));
+    assert!(error(json!({"apiKeys": [{"consumer": "", "sha256": KEY_HASH}]})).contains("`consumer` is empty"));
+    assert!(error(json!({"jwt": {"jwks": {"keys": []}}})).contains("keys is empty"));
+    let rsa: Value = serde_json::from_str::<Value>(JWKS).unwrap()["keys"][0].clone();
+    let mut as_hs = rsa.clone();
+    as_hs["alg"] = json!("HS256");
+    assert!(error(json!({"jwt": {"jwks": {"keys": [as_hs]}}})).contains("alg HS256 does not fit"));
+    let mut enc = rsa.clone();
+    enc["use"] = json!("enc");
+    assert!(error(json!({"jwt": {"jwks": {"keys": [enc]}}})).contains("encryption key"));
+    let mut ec = serde_json::from_str::<Value>(JWKS).unwrap()["keys"][1].clone();
+    ec["alg"] = json!("ES384");
+    assert!(error(json!({"jwt": {"jwks": {"keys": [ec]}}})).contains("alg ES384 does not fit"));
+    assert!(error(json!({"jwt": {"jwks": {"keys": [{"kty": "XYZ"}]}}})).contains("not a supported JWK"));
+    assert!(
+        error(json!({"apiKeys": [{"consumer": "a", "sha256": KEY_HASH}], "consumerHeader": "bad header"}))
+            .contains("not a valid header name")
+    );
+}

@@ -1,0 +1,394 @@
+//! Keeps a chat request within a per-model input token budget, by dropping
+//! the oldest turns or cutting the middle out of the longest message, and
+//! answers `context_length_exceeded` when even the minimum does not fit.
+//!
+//! Tokens are counted by the gateway (`count-tokens`, the model family's
+//! BPE). A request counts as: per message, `messageOverheadTokens` (default
+//! 4: the role and the chat format's delimiters, as OpenAI's cookbook counts
+//! them) plus its name, text and tool calls; plus 3 tokens priming the reply;
+//! plus the `tools` definitions as JSON. Image and audio parts are not
+//! counted.
+
+use serde::Deserialize;
+use sluice_plugin_sdk::ModelPattern;
+use sluice_plugin_sdk::chat::Message;
+use sluice_plugin_sdk::prelude::*;
+
+/// Tokens that prime the assistant's reply, counted once per request.
+const REPLY_PRIMING_TOKENS: u32 = 3;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    /// Budgets by model; the most specific matching pattern applies.
+    models: Vec<ModelBudget>,
+    #[serde(default)]
+    strategy: Strategy,
+    #[serde(default = "default_overhead")]
+    message_overhead_tokens: u32,
+    /// Put where `truncate-middle` cut text out.
+    #[serde(default = "default_marker")]
+    marker: String,
+    /// With `truncate-middle`, whether the newest user message is kept whole.
+    #[serde(default = "yes")]
+    protect_latest_user: bool,
+}
+
+fn default_overhead() -> u32 {
+    4
+}
+
+fn default_marker() -> String {
+    "\n[… trimmed to fit the context window …]\n".to_string()
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ModelBudget {
+    /// A model name or glob: `gpt-4o`, `gpt-4o*`, `*`.
+    model: ModelPattern,
+    /// The input budget itself.
+    max_input_tokens: Option<u32>,
+    /// Or the model's whole window, less the output the request reserves
+    /// (`max_completion_tokens`/`max_tokens`, else `defaultMaxTokens`).
+    context_window: Option<u32>,
+    #[serde(default)]
+    default_max_tokens: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Strategy {
+    #[default]
+    DropOldest,
+    TruncateMiddle,
+}
+
+struct ContextTrim {
+    config: Config,
+}
+
+/// What was trimmed from this request, for the response headers.
+#[derive(Debug, Default, PartialEq)]
+struct Trimmed {
+    tokens: u32,
+    messages: u32,
+}
+
+impl Plugin for ContextTrim {
+    const NAME: &'static str = "context-trim";
+    type Config = Config;
+    /// `None` when no budget applied to the request.
+    type State = Option<Trimmed>;
+
+    fn new(config: Config) -> Result<Self, String> {
+        if config.models.is_empty() {
+            return Err("`models` is empty: add at least one budget (`model: \"*\"` for a default)".into());
+        }
+        for budget in &config.models {
+            let model = budget.model.as_str();
+            match (budget.max_input_tokens, budget.context_window) {
+                (Some(_), Some(_)) => {
+                    return Err(format!("{model}: set `maxInputTokens` or `contextWindow`, not both"));
+                }
+                (None, None) => return Err(format!("{model}: set `maxInputTokens` or `contextWindow`")),
+                (_, Some(window)) if budget.default_max_tokens >= window => {
+                    return Err(format!("{model}: `defaultMaxTokens` leaves no room in the context window"));
+                }
+                _ => {}
+            }
+        }
+        Ok(ContextTrim { config })
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::REQUEST | Hooks::RESPONSE_HEAD
+    }
+
+    fn on_request(&self, req: &Request, trimmed: &mut Option<Trimmed>) -> Result<Action, ApiError> {
+        if !req.is_chat_completion() {
+            return Ok(Action::continue_());
+        }
+        let mut chat = req.chat()?;
+        // Budgets are for the model the client asked for, before any
+        // backend rewrite.
+        let Some(budget) = self.budget(&req.model, &chat)? else {
+            return Ok(Action::continue_());
+        };
+        let result = Counter::new(&req.model, &self.config).trim(&mut chat, budget, &self.config)?;
+        let changed = result.messages > 0;
+        *trimmed = Some(result);
+        if !changed {
+            return Ok(Action::continue_());
+        }
+        Ok(Edits::new().body(chat.to_body()?).into())
+    }
+
+    fn on_response(&self, _resp: &Response, trimmed: &mut Option<Trimmed>) -> HeaderEdits {
+        match trimmed {
+            Some(trimmed) => HeaderEdits::new()
+                .set_header("x-sluice-trimmed-tokens", &trimmed.tokens.to_string())
+                .set_header("x-sluice-trimmed-messages", &trimmed.messages.to_string()),
+            None => HeaderEdits::new(),
+        }
+    }
+}
+
+impl ContextTrim {
+    /// The input budget for `model`, or `None` when no entry matches.
+    fn budget(&self, model: &str, chat: &ChatRequest) -> Result<Option<u32>, ApiError> {
+        let entries = self.config.models.iter().map(|b| (&b.model, b));
+        let Some(budget) = ModelPattern::best_match(entries, model) else {
+            return Ok(None);
+        };
+        if let Some(max) = budget.max_input_tokens {
+            return Ok(Some(max));
+        }
+        let window = budget.context_window.unwrap_or_default();
+        let output = chat.max_output_tokens().unwrap_or(budget.default_max_tokens.into());
+        if output >= u64::from(window) {
+            return Err(too_long(format!(
+                "max_tokens {output} leaves no room for input in the {window}-token context window of {model}"
+            )));
+        }
+        Ok(Some(window - output as u32))
+    }
+}
+
+fn too_long(message: String) -> ApiError {
+    ApiError::bad_request("context_length_exceeded", message)
+}
+
+/// Counts tokens the way this plugin documents.
+struct Counter<'a> {
+    model: &'a str,
+    overhead: u32,
+}
+
+impl<'a> Counter<'a> {
+    fn new(model: &'a str, config: &Config) -> Counter<'a> {
+        Counter { model, overhead: config.message_overhead_tokens }
+    }
+
+    fn text(&self, text: &str) -> u32 {
+        if text.is_empty() { 0 } else { host::count_tokens(self.model, text) }
+    }
+
+    /// Everything in a message except its content's text.
+    fn message_frame(&self, message: &Message) -> u32 {
+        let name = message.name.as_deref().map_or(0, |name| self.text(name));
+        let calls: u32 = message
+            .tool_calls
+            .iter()
+            .flatten()
+            .filter_map(|call| call.function.as_ref())
+            .map(|f| self.text(f.name.as_deref().unwrap_or("")) + self.text(f.arguments.as_deref().unwrap_or("")))
+            .sum();
+        self.overhead + name + calls
+    }
+
+    /// One message: its frame, and each text piece of its content.
+    fn message(&self, message: &Message) -> MessageTokens {
+        MessageTokens {
+            frame: self.message_frame(message),
+            pieces: message.content.texts().iter().map(|t| self.text(t)).collect(),
+        }
+    }
+
+    /// What the request costs besides its messages.
+    fn fixed(&self, chat: &ChatRequest) -> u32 {
+        let tools = chat.extra.get("tools").map_or(0, |tools| self.text(&tools.to_string()));
+        REPLY_PRIMING_TOKENS + tools
+    }
+
+    #[cfg(test)]
+    fn total(&self, chat: &ChatRequest) -> u32 {
+        self.fixed(chat) + chat.messages.iter().map(|m| self.message(m).total()).sum::<u32>()
+    }
+
+    /// Each text is counted once (a host call per piece); the strategies
+    /// then work from these counts.
+    fn trim(&self, chat: &mut ChatRequest, budget: u32, config: &Config) -> Result<Trimmed, ApiError> {
+        let fixed = self.fixed(chat);
+        let counts: Vec<MessageTokens> = chat.messages.iter().map(|m| self.message(m)).collect();
+        let before = fixed + counts.iter().map(MessageTokens::total).sum::<u32>();
+        if before <= budget {
+            return Ok(Trimmed::default());
+        }
+        let (messages, after) = match config.strategy {
+            Strategy::DropOldest => self.drop_oldest(chat, budget, fixed, &counts)?,
+            Strategy::TruncateMiddle => self.truncate_middle(chat, budget, before, counts, config)?,
+        };
+        Ok(Trimmed { tokens: before - after, messages })
+    }
+
+    /// Drops whole turns, oldest first. A turn runs from a user message to
+    /// the next one, so an assistant's tool calls and their results go
+    /// together. System messages and the newest user turn always stay.
+    /// Returns how many messages were dropped, and the tokens left.
+    fn drop_oldest(
+        &self,
+        chat: &mut ChatRequest,
+        budget: u32,
+        fixed: u32,
+        counts: &[MessageTokens],
+    ) -> Result<(u32, u32), ApiError> {
+        let newest_turn = newest_turn_start(&chat.messages);
+        let mut turns: Vec<Vec<usize>> = Vec::new();
+        for (i, message) in chat.messages[..newest_turn].iter().enumerate() {
+            if message.is_system() {
+                continue;
+            }
+            match turns.last_mut() {
+                Some(turn) if !message.is_user() => turn.push(i),
+                _ => turns.push(vec![i]),
+            }
+        }
+        let mut total = fixed + counts.iter().map(MessageTokens::total).sum::<u32>();
+        let mut dropped = vec![false; chat.messages.len()];
+        for turn in &turns {
+            if total <= budget {
+                break;
+            }
+            for &i in turn {
+                dropped[i] = true;
+                total -= counts[i].total();
+            }
+        }
+        if total > budget {
+            return Err(too_long(format!(
+                "the system messages and the newest user turn alone need {total} tokens; \
+                 the input budget for {} is {budget} tokens",
+                self.model
+            )));
+        }
+        let mut index = 0;
+        chat.messages.retain(|_| {
+            index += 1;
+            !dropped[index - 1]
+        });
+        Ok((dropped.iter().filter(|d| **d).count() as u32, total))
+    }
+
+    /// Cuts text out of the middle of the longest trimmable message until
+    /// the request fits, then the next longest. System messages, and unless
+    /// configured otherwise the newest user message, are never cut. Returns
+    /// how many messages were cut, and the tokens left.
+    fn truncate_middle(
+        &self,
+        chat: &mut ChatRequest,
+        budget: u32,
+        mut total: u32,
+        counts: Vec<MessageTokens>,
+        config: &Config,
+    ) -> Result<(u32, u32), ApiError> {
+        let newest_user = chat.messages.iter().rposition(Message::is_user);
+        let protected = |i: usize, m: &Message| m.is_system() || (config.protect_latest_user && Some(i) == newest_user);
+
+        // Every text piece that may be cut, with its original text.
+        let mut pieces: Vec<Piece> = Vec::new();
+        for (i, (message, count)) in chat.messages.iter().zip(counts).enumerate() {
+            if protected(i, message) {
+                continue;
+            }
+            for (p, (text, tokens)) in message.content.texts().into_iter().zip(count.pieces).enumerate() {
+                pieces.push(Piece {
+                    message: i,
+                    piece: p,
+                    original: text.to_string(),
+                    kept: text.chars().count(),
+                    tokens,
+                });
+            }
+        }
+        let marker_tokens = self.text(&config.marker);
+        let mut cut_messages: Vec<usize> = Vec::new();
+        // Each round shrinks one piece; the cap only guards against a
+        // tokenizer that never converges.
+        let mut rounds = 0;
+        while total > budget && rounds < 64 + 8 * pieces.len() {
+            rounds += 1;
+            let Some(longest) = pieces.iter_mut().filter(|p| p.kept > 0).max_by_key(|p| p.tokens) else {
+                break;
+            };
+            let excess = total - budget;
+            // Keep the share of characters the remaining tokens allow.
+            let target = longest.tokens.saturating_sub(excess + marker_tokens);
+            let proportional = (longest.kept as u64 * u64::from(target) / u64::from(longest.tokens.max(1))) as usize;
+            // Always make progress, even when the estimate is off.
+            let kept = proportional.min(longest.kept - (longest.kept / 20).max(1));
+            let text = cut_middle(&longest.original, kept, &config.marker);
+            let tokens = self.text(&text);
+            total = total - longest.tokens + tokens;
+            longest.tokens = tokens;
+            longest.kept = kept;
+            if let Some(slot) = chat.messages[longest.message].content.texts_mut().into_iter().nth(longest.piece) {
+                *slot = text;
+            }
+            if !cut_messages.contains(&longest.message) {
+                cut_messages.push(longest.message);
+            }
+        }
+        if total > budget {
+            return Err(too_long(format!(
+                "even with every trimmable message cut, the request needs {total} tokens; \
+                 the input budget for {} is {budget} tokens",
+                self.model
+            )));
+        }
+        Ok((cut_messages.len() as u32, total))
+    }
+}
+
+/// A message's tokens: the frame (overhead, name, tool calls) and each text
+/// piece of its content.
+struct MessageTokens {
+    frame: u32,
+    pieces: Vec<u32>,
+}
+
+impl MessageTokens {
+    fn total(&self) -> u32 {
+        self.frame + self.pieces.iter().sum::<u32>()
+    }
+}
+
+/// A text piece `truncate-middle` may cut.
+struct Piece {
+    message: usize,
+    piece: usize,
+    original: String,
+    /// Characters of `original` still kept.
+    kept: usize,
+    tokens: u32,
+}
+
+/// Where the newest user turn starts: the last user message, or failing
+/// that the last message that is not a system message.
+fn newest_turn_start(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .rposition(Message::is_user)
+        .or_else(|| messages.iter().rposition(|m| !m.is_system()))
+        .unwrap_or(messages.len())
+}
+
+/// `text` with all but `kept` characters cut from its middle, and the marker
+/// where they were.
+fn cut_middle(text: &str, kept: usize, marker: &str) -> String {
+    let head = kept.div_ceil(2);
+    let tail = kept - head;
+    let chars = text.chars().count();
+    let tail_start = text.char_indices().nth(chars - tail).map_or(text.len(), |(i, _)| i);
+    let head_end = text.char_indices().nth(head).map_or(text.len(), |(i, _)| i);
+    format!("{}{marker}{}", &text[..head_end], &text[tail_start..])
+}
+
+export_plugin!(ContextTrim);
+
+#[cfg(test)]
+mod tests;

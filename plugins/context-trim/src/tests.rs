@@ -1,0 +1,362 @@
+use serde_json::{Value, json};
+use sluice_plugin_sdk::chat::{FunctionCall, ToolCall};
+use sluice_plugin_sdk::testing::chat_request;
+
+use super::*;
+
+fn plugin(config: Value) -> Result<ContextTrim, String> {
+    sluice_plugin_sdk::configure::<ContextTrim>(&config.to_string())
+}
+
+/// Runs the request hook; the body sent on (or the error) and the state.
+fn run(plugin: &ContextTrim, model: &str, body: Value) -> (Result<Value, ApiError>, Option<Trimmed>) {
+    let mut state = None;
+    let req = chat_request(model, &body);
+    let result = plugin.on_request(&req, &mut state).map(|action| {
+        let sent = action.edits().and_then(|e| e.body.clone()).unwrap_or(req.body.clone());
+        serde_json::from_slice(&sent).unwrap()
+    });
+    (result, state)
+}
+
+fn words(n: usize) -> String {
+    (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ")
+}
+
+fn tokens(model: &str, body: &Value, config: &Config) -> u32 {
+    let mut fields = body.as_object().unwrap().clone();
+    fields.entry("model").or_insert(model.into());
+    let chat = ChatRequest::from_map(fields).unwrap();
+    Counter::new(model, config).total(&chat)
+}
+
+fn contents(body: &Value) -> Vec<String> {
+    body["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap_or("").to_string()).collect()
+}
+
+#[test]
+fn counts_as_documented() {
+    let config = plugin(json!({"models": [{"model": "*", "maxInputTokens": 10}]})).unwrap().config;
+    // 3 for the reply, then per message 4 + its words (the native stand-in
+    // counts each word as one token).
+    let body = json!({"model": "m", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello there you", "name": "ann"}
+    ]});
+    assert_eq!(tokens("m", &body, &config), 3 + (4 + 2) + (4 + 3 + 1));
+    let with_tools = json!({"model": "m", "messages": [], "tools": [{"type": "function"}]});
+    assert!(tokens("m", &with_tools, &config) > 3, "tool definitions count");
+}
+
+#[test]
+fn a_request_within_budget_passes_untouched_with_zero_headers() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 100}]})).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (result, state) = run(&plugin, "m", body.clone());
+    assert_eq!(result.unwrap(), json!({"messages": [{"role": "user", "content": "hi"}], "model": "m"}));
+    assert_eq!(state, Some(Trimmed { tokens: 0, messages: 0 }));
+    let headers = plugin.on_response(&Response { status: 200, headers: vec![] }, &mut Some(Trimmed::default()));
+    assert_eq!(
+        headers.set_headers,
+        [("x-sluice-trimmed-tokens".into(), "0".into()), ("x-sluice-trimmed-messages".into(), "0".into())]
+    );
+}
+
+#[test]
+fn drop_oldest_drops_whole_old_turns_and_keeps_system_and_the_newest_turn() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 60}]})).unwrap();
+    let body = json!({"messages": [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": words(20)},
+        {"role": "assistant", "content": words(20)},
+        {"role": "user", "content": "second question"},
+        {"role": "assistant", "content": "second answer"},
+        {"role": "user", "content": "newest"}
+    ]});
+    let (result, state) = run(&plugin, "m", body.clone());
+    let out = result.unwrap();
+    assert_eq!(contents(&out), ["rules", "second question", "second answer", "newest"]);
+    let trimmed = state.unwrap();
+    assert_eq!(trimmed.messages, 2);
+    assert_eq!(trimmed.tokens, tokens("m", &body, &plugin.config) - tokens("m", &out, &plugin.config));
+    assert!(tokens("m", &out, &plugin.config) <= 60);
+}
+
+#[test]
+fn drop_oldest_never_splits_tool_calls_from_their_results() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 45}]})).unwrap();
+    let body = json!({"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": words(30)},
+        {"role": "assistant", "content": "sunny"},
+        {"role": "user", "content": "thanks"}
+    ]});
+    let out = run(&plugin, "m", body).0.unwrap();
+    let roles: Vec<&str> = out["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user"], "the whole tool turn went: {out}");
+}
+
+#[test]
+fn the_newest_turn_may_end_in_tool_results() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 40}]})).unwrap();
+    let body = json!({"messages": [
+        {"role": "user", "content": words(30)},
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "result"}
+    ]});
+    let out = run(&plugin, "m", body).0.unwrap();
+    assert_eq!(out["messages"].as_array().unwrap().len(), 3, "{out}");
+    assert_eq!(out["messages"][2]["tool_call_id"], "c1");
+}
+
+#[test]
+fn when_the_minimum_does_not_fit_it_is_a_400() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 10}]})).unwrap();
+    let body = json!({"messages": [{"role": "system", "content": words(5)}, {"role": "user", "content": words(10)}]});
+    let (result, state) = run(&plugin, "small-model", body);
+    let error = result.unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (400, "context_length_exceeded"));
+    assert!(error.message.contains("the input budget for small-model is 10 tokens"), "{}", error.message);
+    assert_eq!(state, None);
+}
+
+#[test]
+fn context_window_minus_requested_output_is_the_budget() {
+    let plugin = plugin(json!({"models": [
+        {"model": "*", "maxInputTokens": 1000},
+        {"model": "gpt-4o*", "contextWindow": 60, "defaultMaxTokens": 10}
+    ]}))
+    .unwrap();
+    let body = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": words(20)}, {"role": "user", "content": "q"}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // 3 + (4 + 20) + (4 + 1) = 32 tokens.
+    assert_eq!(run(&plugin, "gpt-4o-mini", body(json!({}))).1.unwrap().messages, 0, "60 - 10 leaves room");
+    assert_eq!(run(&plugin, "gpt-4o-mini", body(json!({"max_tokens": 40}))).1.unwrap().messages, 1, "60 - 40 = 20");
+    let (_, state) = run(&plugin, "gpt-4o-mini", body(json!({"max_completion_tokens": 50, "max_tokens": 1})));
+    assert_eq!(state.unwrap().messages, 1, "max_completion_tokens wins over max_tokens");
+    let error = run(&plugin, "gpt-4o", body(json!({"max_tokens": 60}))).0.unwrap_err();
+    assert_eq!(error.code, "context_length_exceeded");
+    assert!(error.message.contains("max_tokens 60 leaves no room"), "{}", error.message);
+    assert_eq!(run(&plugin, "llama", body(json!({"max_tokens": 5000}))).1.unwrap().messages, 0, "the * budget");
+}
+
+#[test]
+fn models_without_a_budget_and_other_endpoints_pass() {
+    let plugin = plugin(json!({"models": [{"model": "gpt-*", "maxInputTokens": 1}]})).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": words(50)}]});
+    let (result, state) = run(&plugin, "llama", body.clone());
+    assert!(result.is_ok());
+    assert_eq!(state, None, "no headers for a model without a budget");
+    let mut embeddings = chat_request("gpt-x", &json!({"input": "x"}));
+    embeddings.path = "/v1/embeddings".into();
+    assert_eq!(plugin.on_request(&embeddings, &mut None).unwrap(), Action::continue_());
+}
+
+#[test]
+fn truncate_middle_cuts_the_longest_unprotected_message_with_a_marker() {
+    let plugin = plugin(json!({"strategy": "truncate-middle", "marker": " [cut] ",
+        "models": [{"model": "*", "maxInputTokens": 80}]}))
+    .unwrap();
+    let long = words(100);
+    let body = json!({"messages": [
+        {"role": "system", "content": words(10)},
+        {"role": "user", "content": words(5)},
+        {"role": "assistant", "content": long},
+        {"role": "user", "content": words(8)}
+    ]});
+    let (result, state) = run(&plugin, "m", body.clone());
+    let out = result.unwrap();
+    let texts = contents(&out);
+    assert_eq!(texts[0], words(10), "system kept");
+    assert_eq!(texts[1], words(5));
+    assert_eq!(texts[3], words(8), "newest user message kept");
+    assert!(texts[2].starts_with("w0 w1") && texts[2].ends_with("w98 w99"), "{}", texts[2]);
+    assert!(texts[2].contains(" [cut] "));
+    let total = tokens("m", &out, &plugin.config);
+    assert!((70..=80).contains(&total), "cut to the budget, not far below: {total}");
+    assert_eq!(state.unwrap().messages, 1);
+}
+
+#[test]
+fn truncate_middle_can_cut_the_newest_user_message_when_allowed() {
+    let body = json!({"messages": [{"role": "user", "content": words(200)}]});
+    let strict =
+        plugin(json!({"strategy": "truncate-middle", "models": [{"model": "*", "maxInputTokens": 50}]})).unwrap();
+    assert_eq!(run(&strict, "m", body.clone()).0.unwrap_err().code, "context_length_exceeded");
+    let lenient = plugin(json!({"strategy": "truncate-middle", "protectLatestUser": false,
+        "models": [{"model": "*", "maxInputTokens": 50}]}))
+    .unwrap();
+    let out = run(&lenient, "m", body).0.unwrap();
+    assert!(tokens("m", &out, &lenient.config) <= 50);
+}
+
+#[test]
+fn truncate_middle_handles_multibyte_text_and_parts() {
+    let plugin =
+        plugin(json!({"strategy": "truncate-middle", "models": [{"model": "*", "maxInputTokens": 40}]})).unwrap();
+    let body = json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "日本語 ".repeat(60)}, {"type": "image_url", "image_url": {"url": "u"}}]},
+        {"role": "user", "content": "q"}
+    ]});
+    let out = run(&plugin, "m", body).0.unwrap();
+    assert_eq!(out["messages"][0]["content"][1]["type"], "image_url", "other parts kept");
+    assert!(tokens("m", &out, &plugin.config) <= 40);
+}
+
+#[test]
+fn bad_configs_are_rejected() {
+    let error = |config: Value| plugin(config).err().unwrap();
+    assert!(error(json!({"models": []})).contains("`models` is empty"));
+    assert!(error(json!({"models": [{"model": "*"}]})).contains("set `maxInputTokens` or `contextWindow`"));
+    assert!(error(json!({"models": [{"model": "*", "maxInputTokens": 1, "contextWindow": 2}]})).contains("not both"));
+    assert!(error(json!({"models": [{"model": "*", "contextWindow": 2, "defaultMaxTokens": 2}]})).contains("no room"));
+    assert!(
+        error(json!({"strategy": "summarize", "models": [{"model": "*", "maxInputTokens": 1}]}))
+            .contains("unknown variant")
+    );
+    assert!(error(json!({"models": [{"model": "", "maxInputTokens": 1}]})).contains("cannot be empty"));
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A random conversation: system messages, user turns, assistant replies,
+/// tool calls followed by their results, multi-part contents.
+fn random_conversation(rng: &mut Rng) -> Vec<Message> {
+    let mut messages = Vec::new();
+    let mut call = 0;
+    if rng.below(2) == 0 {
+        messages.push(Message::system(&words(rng.below(30) as usize)));
+    }
+    for _ in 0..=rng.below(8) {
+        messages.push(Message::user(&words(rng.below(60) as usize)));
+        if rng.below(4) == 0 {
+            messages.push(Message::system(&words(rng.below(5) as usize)));
+        }
+        for _ in 0..rng.below(3) {
+            if rng.below(2) == 0 {
+                let ids: Vec<String> = (0..=rng.below(2))
+                    .map(|_| {
+                        call += 1;
+                        format!("call_{call}")
+                    })
+                    .collect();
+                let mut assistant = Message::assistant("");
+                assistant.tool_calls = Some(
+                    ids.iter()
+                        .map(|id| ToolCall {
+                            id: Some(id.clone()),
+                            kind: Some("function".into()),
+                            function: Some(FunctionCall {
+                                name: Some("f".into()),
+                                arguments: Some(format!("{{\"q\": \"{}\"}}", words(rng.below(10) as usize))),
+                                extra: Default::default(),
+                            }),
+                            extra: Default::default(),
+                        })
+                        .collect(),
+                );
+                messages.push(assistant);
+                for id in ids {
+                    let mut tool = Message::new("tool", &words(rng.below(80) as usize));
+                    tool.tool_call_id = Some(id);
+                    messages.push(tool);
+                }
+            } else {
+                messages.push(Message::assistant(&words(rng.below(60) as usize)));
+            }
+        }
+    }
+    messages
+}
+
+/// Every tool result follows the assistant message that called it, and
+/// every call kept has its results kept.
+fn tool_pairs_intact(messages: &[Message]) -> bool {
+    let mut open: Vec<&str> = Vec::new();
+    for message in messages {
+        if let Some(id) = message.tool_call_id.as_deref() {
+            match open.iter().position(|o| *o == id) {
+                Some(at) => {
+                    open.remove(at);
+                }
+                None => return false,
+            }
+        } else {
+            if !open.is_empty() {
+                return false;
+            }
+            open.extend(message.tool_call_ids());
+        }
+    }
+    open.is_empty()
+}
+
+#[test]
+fn randomised_results_are_within_budget_or_a_400() {
+    let mut rng = Rng(0x5EED_C0FF_EE00_0001);
+    let (mut fitted, mut refused, mut trimmed) = (0, 0, 0);
+    for case in 0..600 {
+        let strategy = if case % 2 == 0 { "drop-oldest" } else { "truncate-middle" };
+        let protect = rng.below(2) == 0;
+        let messages = random_conversation(&mut rng);
+        let original = ChatRequest::new("m", messages.clone());
+        let config = json!({"strategy": strategy, "protectLatestUser": protect,
+            "models": [{"model": "*", "maxInputTokens": 1}]});
+        let counter_config = plugin(config).unwrap().config;
+        let full = Counter::new("m", &counter_config).total(&original);
+        let budget = rng.below(u64::from(full) * 3 / 2 + 1) as u32;
+        let plugin = plugin(json!({"strategy": strategy, "protectLatestUser": protect,
+            "models": [{"model": "*", "maxInputTokens": budget}]}))
+        .unwrap();
+        let body = serde_json::to_value(&original).unwrap();
+        let (result, state) = run(&plugin, "m", body);
+        let what = format!("case {case} ({strategy}, budget {budget}, full {full})");
+        match result {
+            Ok(out) => {
+                let out = ChatRequest::from_map(out.as_object().unwrap().clone()).unwrap();
+                let total = Counter::new("m", &plugin.config).total(&out);
+                assert!(total <= budget, "{what}: {total} tokens");
+                let systems = |m: &[Message]| m.iter().filter(|m| m.is_system()).cloned().collect::<Vec<_>>();
+                assert_eq!(systems(&out.messages), systems(&messages), "{what}: system messages kept");
+                assert!(tool_pairs_intact(&out.messages), "{what}: tool calls split from results");
+                let newest_user = |m: &[Message]| m.iter().rfind(|m| m.is_user()).cloned();
+                if strategy == "drop-oldest" || protect {
+                    assert_eq!(newest_user(&out.messages), newest_user(&messages), "{what}: newest user turn kept");
+                }
+                let state = state.unwrap();
+                assert_eq!(state.tokens, full - total, "{what}: reported tokens");
+                if state.messages > 0 {
+                    trimmed += 1;
+                }
+                fitted += 1;
+            }
+            Err(error) => {
+                assert_eq!((error.status, error.code.as_str()), (400, "context_length_exceeded"), "{what}");
+                assert!(budget < full, "{what}: refused a request that fit");
+                refused += 1;
+            }
+        }
+    }
+    // The generator must exercise every outcome, or the test proves little.
+    assert!(fitted > 100 && refused > 50 && trimmed > 100, "fitted {fitted}, refused {refused}, trimmed {trimmed}");
+}

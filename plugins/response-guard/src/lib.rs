@@ -1,0 +1,303 @@
+//! Masks (or blocks) regex matches in what the model says: the
+//! `choices[].delta.content` of each streamed chunk, and the
+//! `choices[].message.content` of a whole JSON response (`text` for the
+//! legacy completions endpoint).
+//!
+//! A streamed match can be split across chunks (`"sk-ab"` then `"cd…"`), so
+//! the last `holdBackChars` characters of each choice's text are held back
+//! until the next chunk, the choice's `finish_reason`, or `[DONE]`. Matches up
+//! to that length are caught wherever the chunks split them.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sluice_plugin_sdk::prelude::*;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    rules: Vec<RuleConfig>,
+    #[serde(default)]
+    action: Mode,
+    /// What a match becomes when the rule has no `replacement` of its own.
+    /// `$1` and `${name}` refer to capture groups; `$$` is a literal `$`.
+    #[serde(default = "default_replacement")]
+    replacement: String,
+    /// The longest match caught across a chunk boundary, in characters.
+    #[serde(default = "default_hold_back")]
+    hold_back_chars: usize,
+}
+
+fn default_replacement() -> String {
+    "[REDACTED]".to_string()
+}
+
+fn default_hold_back() -> usize {
+    64
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleConfig {
+    name: String,
+    pattern: String,
+    replacement: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    /// Replace each match and carry on.
+    #[default]
+    Mask,
+    /// End the response at the first match, with `finish_reason: content_filter`.
+    Block,
+}
+
+struct Rule {
+    name: String,
+    regex: Regex,
+    replacement: String,
+}
+
+struct ResponseGuard {
+    rules: Vec<Rule>,
+    mode: Mode,
+    hold_back_chars: usize,
+}
+
+/// One streamed response's progress.
+#[derive(Default)]
+struct Stream {
+    /// Per choice index, text received but not yet sent.
+    pending: BTreeMap<u64, String>,
+    /// The latest chunk, the model for a closing chunk of our own.
+    last_chunk: Option<Map<String, Value>>,
+}
+
+impl Plugin for ResponseGuard {
+    const NAME: &'static str = "response-guard";
+    type Config = Config;
+    type State = Stream;
+
+    fn new(config: Config) -> Result<Self, String> {
+        if config.rules.is_empty() {
+            return Err("`rules` is empty".into());
+        }
+        let mut rules: Vec<Rule> = Vec::new();
+        for rule in config.rules {
+            if rule.name.trim().is_empty() || rules.iter().any(|r| r.name == rule.name) {
+                return Err(format!("rule names must be non-empty and unique: {:?}", rule.name));
+            }
+            let regex = Regex::new(&rule.pattern).map_err(|e| format!("rule {:?}: {e}", rule.name))?;
+            let replacement = rule.replacement.unwrap_or_else(|| config.replacement.clone());
+            rules.push(Rule { name: rule.name, regex, replacement });
+        }
+        Ok(ResponseGuard { rules, mode: config.action, hold_back_chars: config.hold_back_chars })
+    }
+
+    fn hooks(&self) -> Hooks {
+        // The head starts each response afresh (see the SDK's `State`).
+        Hooks::RESPONSE_HEAD | Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY
+    }
+
+    fn on_chunk(&self, data: &str, stream: &mut Stream) -> ChunkAction {
+        if data.trim() == "[DONE]" {
+            return match self.flush(stream) {
+                Some(last) => ChunkAction::Stop(Some(last)),
+                None => ChunkAction::Pass,
+            };
+        }
+        // Not JSON: nothing we know how to read, so nothing to mask.
+        let Ok(mut chunk) = serde_json::from_str::<Map<String, Value>>(data) else {
+            return ChunkAction::Pass;
+        };
+        let mut changed = false;
+        let mut blocked = false;
+        if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
+            for (position, choice) in choices.iter_mut().enumerate() {
+                let Some(choice) = choice.as_object_mut() else { continue };
+                let index = choice.get("index").and_then(Value::as_u64).unwrap_or(position as u64);
+                let finished = choice.get("finish_reason").is_some_and(|reason| !reason.is_null());
+                let Some(text) = choice_text(choice) else { continue };
+                let pending = stream.pending.entry(index).or_default();
+                pending.push_str(&text);
+                let (send, was_blocked) = self.release(pending, finished);
+                blocked |= was_blocked;
+                if was_blocked {
+                    choice.insert("finish_reason".into(), "content_filter".into());
+                }
+                if send != text {
+                    set_choice_text(choice, send);
+                    changed = true;
+                }
+            }
+        }
+        if blocked {
+            stream.pending.clear();
+            return ChunkAction::Stop(Some(Value::Object(chunk).to_string()));
+        }
+        let action =
+            if changed { ChunkAction::Replace(Value::Object(chunk.clone()).to_string()) } else { ChunkAction::Pass };
+        stream.last_chunk = Some(chunk);
+        action
+    }
+
+    fn on_body(&self, body: &[u8], _: &mut Stream) -> Option<Vec<u8>> {
+        let mut response: Map<String, Value> = serde_json::from_slice(body).ok()?;
+        let Some(Value::Array(choices)) = response.get_mut("choices") else { return None };
+        let mut changed = false;
+        for choice in choices.iter_mut().filter_map(Value::as_object_mut) {
+            let text = match choice.get("message").and_then(|m| m.get("content")) {
+                Some(Value::String(text)) => text.clone(),
+                _ => match choice.get("text") {
+                    Some(Value::String(text)) => text.clone(),
+                    _ => continue,
+                },
+            };
+            let (masked, blocked) = match self.mode {
+                Mode::Mask => (self.mask(&text), false),
+                Mode::Block => (text.clone(), self.first_match(&text).is_some()),
+            };
+            if blocked {
+                // What a provider's own content filter answers.
+                if let Some(Value::Object(message)) = choice.get_mut("message") {
+                    message.insert("content".into(), Value::Null);
+                } else {
+                    choice.insert("text".into(), "".into());
+                }
+                choice.insert("finish_reason".into(), "content_filter".into());
+                changed = true;
+            } else if masked != text {
+                if let Some(Value::Object(message)) = choice.get_mut("message") {
+                    message.insert("content".into(), masked.into());
+                } else {
+                    choice.insert("text".into(), masked.into());
+                }
+                changed = true;
+            }
+        }
+        changed.then(|| Value::Object(response).to_string().into_bytes())
+    }
+}
+
+impl ResponseGuard {
+    /// Takes what can be sent now out of `pending`, masked, and says whether
+    /// it was blocked instead. Unless the choice is finished, the tail that
+    /// may be the start of a match stays in `pending`.
+    fn release(&self, pending: &mut String, finished: bool) -> (String, bool) {
+        if self.mode == Mode::Block
+            && let Some(at) = self.first_match(pending)
+        {
+            let before = pending[..at].to_string();
+            pending.clear();
+            return (before, true);
+        }
+        let split = if finished { pending.len() } else { self.safe_split(pending) };
+        let ready: String = pending.drain(..split).collect();
+        match self.mode {
+            Mode::Mask => (self.mask(&ready), false),
+            Mode::Block => (ready, false),
+        }
+    }
+
+    /// Where `text` can be cut: before the last `hold_back_chars`
+    /// characters, and never inside a match.
+    fn safe_split(&self, text: &str) -> usize {
+        let mut split = match self.hold_back_chars {
+            0 => text.len(),
+            n => text.char_indices().rev().nth(n - 1).map_or(0, |(i, _)| i),
+        };
+        // A match across the cut may still grow: hold all of it back. Moving
+        // the cut can put it inside another rule's match, so repeat.
+        loop {
+            let straddling = self
+                .rules
+                .iter()
+                .flat_map(|rule| rule.regex.find_iter(text))
+                .filter(|m| m.start() < split && m.end() > split)
+                .map(|m| m.start())
+                .min();
+            match straddling {
+                Some(start) => split = start,
+                None => return split,
+            }
+        }
+    }
+
+    fn mask(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for rule in &self.rules {
+            if let std::borrow::Cow::Owned(masked) = rule.regex.replace_all(&text, rule.replacement.as_str()) {
+                host::log(LogLevel::Debug, "masked model output", &[("rule", &rule.name)]);
+                text = masked;
+            }
+        }
+        text
+    }
+
+    /// Where the earliest match of any rule starts.
+    fn first_match(&self, text: &str) -> Option<usize> {
+        let first = self
+            .rules
+            .iter()
+            .filter_map(|rule| rule.regex.find(text).map(|m| (m.start(), rule)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((_, rule)) = first {
+            host::log(LogLevel::Info, "blocked model output", &[("rule", &rule.name)]);
+        }
+        first.map(|(at, _)| at)
+    }
+
+    /// A last chunk carrying whatever is still held back, if anything is.
+    fn flush(&self, stream: &mut Stream) -> Option<String> {
+        let pending = std::mem::take(&mut stream.pending);
+        let choices: Vec<Value> = pending
+            .into_iter()
+            .filter(|(_, text)| !text.is_empty())
+            .map(|(index, mut text)| {
+                let (send, blocked) = self.release(&mut text, true);
+                let reason = if blocked { Value::from("content_filter") } else { Value::Null };
+                serde_json::json!({"index": index, "delta": {"content": send}, "finish_reason": reason})
+            })
+            .collect();
+        if choices.is_empty() {
+            return None;
+        }
+        let mut chunk = stream.last_chunk.take().unwrap_or_default();
+        chunk.insert("choices".into(), Value::Array(choices));
+        chunk.remove("usage");
+        Some(Value::Object(chunk).to_string())
+    }
+}
+
+/// The streamed text of a choice: `delta.content`, or the legacy `text`.
+fn choice_text(choice: &Map<String, Value>) -> Option<String> {
+    match choice.get("delta") {
+        Some(delta) => match delta.get("content") {
+            Some(Value::String(text)) => Some(text.clone()),
+            // A chunk without content can still finish the choice, and
+            // then carries what was held back.
+            _ => Some(String::new()),
+        },
+        None => choice.get("text").and_then(Value::as_str).map(str::to_string),
+    }
+}
+
+fn set_choice_text(choice: &mut Map<String, Value>, text: String) {
+    match choice.get_mut("delta") {
+        Some(Value::Object(delta)) => {
+            delta.insert("content".into(), text.into());
+        }
+        _ => {
+            choice.insert("text".into(), text.into());
+        }
+    }
+}
+
+export_plugin!(ResponseGuard);
+
+#[cfg(test)]
+mod tests;

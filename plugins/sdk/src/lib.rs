@@ -1,0 +1,338 @@
+//! The Rust guest SDK for Sluice plugins.
+//!
+//! A plugin is a type implementing [`Plugin`]: a typed `Config` the SDK
+//! parses from the GatewayPlugin's `spec.config`, the hooks it wants, and only
+//! the hook methods it uses. [`export_plugin!`] turns it into the component's
+//! exports:
+//!
+//! ```ignore
+//! use sluice_plugin_sdk::prelude::*;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Config { header: String }
+//!
+//! struct Tag(Config);
+//!
+//! impl Plugin for Tag {
+//!     const NAME: &'static str = "tag";
+//!     type Config = Config;
+//!     type State = ();
+//!
+//!     fn new(config: Config) -> Result<Self, String> { Ok(Tag(config)) }
+//!
+//!     fn on_request(&self, _req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+//!         Ok(Edits::new().set_header(&self.0.header, "1").into())
+//!     }
+//! }
+//!
+//! export_plugin!(Tag);
+//! ```
+//!
+//! The same code builds natively, so a plugin's logic is unit-tested with
+//! plain `cargo test`: [`host`] has deterministic stand-ins there for the
+//! calls the gateway provides.
+
+mod action;
+pub mod chat;
+pub mod host;
+mod http;
+mod pattern;
+pub mod testing;
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+
+pub use action::{Action, ApiError, Edits, HeaderEdits};
+pub use http::{HeaderList, header_value};
+pub use pattern::ModelPattern;
+
+/// The bindings for `wit/plugin.wit`, generated once for every plugin.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        default_bindings_module: "::sluice_plugin_sdk::bindings",
+        additional_derives: [PartialEq],
+    });
+}
+
+pub use bindings::sluice::plugin::types::{
+    ChunkAction, DirectResponse, Hooks, LogLevel, Request, Response, ResponseSummary, Usage,
+};
+pub use serde_json;
+
+use bindings::exports::sluice::plugin::filter::Guest;
+use bindings::sluice::plugin::types::{RequestAction, ResponseAction};
+
+/// What most plugins import.
+pub mod prelude {
+    pub use crate::chat::{ChatRequest, Content, Message};
+    pub use crate::host;
+    pub use crate::{
+        Action, ApiError, ChunkAction, Edits, HeaderEdits, HeaderList, Hooks, LogLevel, Plugin, Request, Response,
+        ResponseSummary, export_plugin,
+    };
+}
+
+/// A policy plugin. Every hook has a default that changes nothing, so a
+/// plugin writes only what it uses, and declares those hooks in `hooks`.
+///
+/// The gateway calls `configure` (here: `Config` parsing, then `new`) first
+/// on every instance. With the default `isolation: PerRequest` every request
+/// gets a fresh instance; with `Reused`, one instance serves requests one
+/// after another, so request-scoped data belongs in `State`, which the SDK
+/// resets for each request, never in the plugin value.
+pub trait Plugin: Sized + 'static {
+    /// Prefixes configuration errors, so the operator sees which plugin
+    /// rejected its config.
+    const NAME: &'static str;
+
+    /// `spec.config`, deserialized from JSON. An absent config arrives as `{}`.
+    type Config: DeserializeOwned;
+
+    /// Data kept from the request hook to the response hooks of the same
+    /// request. Reset to `Default` when a new request starts.
+    type State: Default + 'static;
+
+    /// Validates the config and prepares what the hooks need (compiled
+    /// patterns, parsed keys). An error rejects the config.
+    fn new(config: Self::Config) -> Result<Self, String>;
+
+    /// The hooks the gateway should call. It skips the others.
+    fn hooks(&self) -> Hooks {
+        Hooks::REQUEST
+    }
+
+    /// Before the request is forwarded. `Err` answers the client with an
+    /// OpenAI-shaped error.
+    fn on_request(&self, _req: &Request, _state: &mut Self::State) -> Result<Action, ApiError> {
+        Ok(Action::continue_())
+    }
+
+    /// On the upstream's response head (`Hooks::RESPONSE_HEAD`).
+    fn on_response(&self, _resp: &Response, _state: &mut Self::State) -> HeaderEdits {
+        HeaderEdits::new()
+    }
+
+    /// On each `data:` payload of an event stream (`Hooks::RESPONSE_CHUNK`).
+    fn on_chunk(&self, _data: &str, _state: &mut Self::State) -> ChunkAction {
+        ChunkAction::Pass
+    }
+
+    /// On the whole body of a response that is not an event stream
+    /// (`Hooks::RESPONSE_BODY`). `Some` replaces it.
+    fn on_body(&self, _body: &[u8], _state: &mut Self::State) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Once the response has ended (`Hooks::RESPONSE_END`).
+    fn on_end(&self, _summary: &ResponseSummary, _state: &mut Self::State) {}
+}
+
+/// Parses a config the way the gateway's `configure` call does: JSON into
+/// `P::Config` (`null` or nothing counts as `{}`), then `P::new`. Errors
+/// are prefixed with the plugin's name. Public so tests see the same errors
+/// operators do.
+pub fn configure<P: Plugin>(config_json: &str) -> Result<P, String> {
+    let json = match config_json.trim() {
+        "" | "null" => "{}",
+        json => json,
+    };
+    let config: P::Config = serde_json::from_str(json).map_err(|e| format!("{}: invalid config: {e}", P::NAME))?;
+    P::new(config).map_err(|e| format!("{}: {e}", P::NAME))
+}
+
+/// Where a request is in its life, to know when `State` starts afresh.
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+enum Phase {
+    Configured,
+    Request,
+    ResponseHead,
+    ResponseBody,
+    Ended,
+}
+
+struct Instance<P: Plugin> {
+    plugin: P,
+    state: P::State,
+    phase: Phase,
+}
+
+impl<P: Plugin> Instance<P> {
+    /// Moves to `phase`, resetting the state when a new request has begun:
+    /// an earlier phase than the last one seen, a once-per-request phase
+    /// seen again (only body events repeat), or anything after the end.
+    fn enter(&mut self, phase: Phase) -> (&P, &mut P::State) {
+        let repeated = phase == self.phase && phase != Phase::ResponseBody;
+        if phase < self.phase || repeated || self.phase == Phase::Ended {
+            self.state = P::State::default();
+        }
+        self.phase = phase;
+        (&self.plugin, &mut self.state)
+    }
+}
+
+thread_local! {
+    /// The configured plugin of this instance. Wasm guests are single
+    /// threaded; natively each test thread has its own.
+    static INSTANCE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+fn with_instance<P: Plugin, R>(phase: Phase, hook: impl FnOnce(&P, &mut P::State) -> R) -> Option<R> {
+    INSTANCE.with_borrow_mut(|slot| {
+        let instance = slot.as_mut()?.downcast_mut::<Instance<P>>()?;
+        let (plugin, state) = instance.enter(phase);
+        Some(hook(plugin, state))
+    })
+}
+
+/// Implements the WIT exports for a [`Plugin`]; used by [`export_plugin!`].
+#[doc(hidden)]
+pub struct Exported<P>(PhantomData<P>);
+
+impl<P: Plugin> Guest for Exported<P> {
+    fn configure(config: String) -> Result<Hooks, String> {
+        let plugin = configure::<P>(&config)?;
+        let hooks = plugin.hooks();
+        let instance = Instance { plugin, state: P::State::default(), phase: Phase::Configured };
+        INSTANCE.set(Some(Box::new(instance)));
+        Ok(hooks)
+    }
+
+    fn request_filter(req: Request) -> RequestAction {
+        let action = with_instance::<P, _>(Phase::Request, |plugin, state| plugin.on_request(&req, state))
+            .unwrap_or_else(|| Err(ApiError::not_configured(P::NAME)));
+        match action {
+            Ok(action) => action.into_wit(),
+            Err(error) => {
+                host::log(
+                    LogLevel::Debug,
+                    "request rejected",
+                    &[("status", &error.status.to_string()), ("code", &error.code), ("message", &error.message)],
+                );
+                error.into_action().into_wit()
+            }
+        }
+    }
+
+    fn response_filter(resp: Response) -> ResponseAction {
+        let edits = with_instance::<P, _>(Phase::ResponseHead, |plugin, state| plugin.on_response(&resp, state));
+        ResponseAction::Continue(edits.unwrap_or_default().into_wit())
+    }
+
+    fn response_chunk(data: String) -> ChunkAction {
+        with_instance::<P, _>(Phase::ResponseBody, |plugin, state| plugin.on_chunk(&data, state))
+            .unwrap_or(ChunkAction::Pass)
+    }
+
+    fn response_body(body: Vec<u8>) -> Option<Vec<u8>> {
+        with_instance::<P, _>(Phase::ResponseBody, |plugin, state| plugin.on_body(&body, state)).flatten()
+    }
+
+    fn response_end(summary: ResponseSummary) {
+        with_instance::<P, _>(Phase::Ended, |plugin, state| plugin.on_end(&summary, state));
+    }
+}
+
+/// Exports a [`Plugin`] type as the component's `filter` interface.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        // The generated macro takes an identifier, not a path or generic type.
+        type __SluicePluginExports = $crate::Exported<$plugin>;
+        $crate::bindings::export!(__SluicePluginExports with_types_in $crate::bindings);
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Config {
+        limit: u32,
+    }
+
+    #[derive(Default)]
+    struct Seen(Vec<&'static str>);
+
+    struct Recorder;
+
+    impl Plugin for Recorder {
+        const NAME: &'static str = "recorder";
+        type Config = Config;
+        type State = Seen;
+
+        fn new(config: Config) -> Result<Self, String> {
+            if config.limit == 0 { Err("limit must be positive".into()) } else { Ok(Recorder) }
+        }
+
+        fn hooks(&self) -> Hooks {
+            Hooks::REQUEST | Hooks::RESPONSE_HEAD | Hooks::RESPONSE_END
+        }
+
+        fn on_request(&self, req: &Request, seen: &mut Seen) -> Result<Action, ApiError> {
+            seen.0.push("request");
+            if req.header("x-reject").is_some() {
+                return Err(ApiError::new(429, "slow_down", "too many"));
+            }
+            Ok(Action::continue_())
+        }
+
+        fn on_response(&self, _resp: &Response, seen: &mut Seen) -> HeaderEdits {
+            seen.0.push("response");
+            HeaderEdits::new().set_header("x-seen", &seen.0.join(","))
+        }
+    }
+
+    #[test]
+    fn config_errors_name_the_plugin() {
+        assert!(configure::<Recorder>(r#"{"limit": 1}"#).is_ok());
+        let error = configure::<Recorder>(r#"{"limit": 0}"#).err().unwrap();
+        assert_eq!(error, "recorder: limit must be positive");
+        let error = configure::<Recorder>(r#"{"limit": 1, "extra": 2}"#).err().unwrap();
+        assert!(error.starts_with("recorder: invalid config: unknown field `extra`"), "{error}");
+        let error = configure::<Recorder>("null").err().unwrap();
+        assert!(error.contains("missing field `limit`"), "null counts as {{}}: {error}");
+    }
+
+    #[test]
+    fn the_exports_route_hooks_to_the_plugin_and_reset_state_per_request() {
+        type Exports = Exported<Recorder>;
+        assert_eq!(
+            Exports::configure(r#"{"limit": 3}"#.into()),
+            Ok(Hooks::REQUEST | Hooks::RESPONSE_HEAD | Hooks::RESPONSE_END)
+        );
+        let response = Response { status: 200, headers: Vec::new() };
+        // Two requests on one (reused) instance: the second starts afresh.
+        for _ in 0..2 {
+            let action = Exports::request_filter(testing::chat_request("m", &serde_json::json!({})));
+            assert!(matches!(action, RequestAction::Continue(_)));
+            let ResponseAction::Continue(edits) = Exports::response_filter(response.clone());
+            assert_eq!(edits.set_headers, vec![("x-seen".to_string(), "request,response".to_string())]);
+        }
+        let rejected = testing::request_with_headers("m", &[("x-reject", "1")]);
+        let RequestAction::Respond(direct) = Exports::request_filter(rejected) else { panic!("expected a response") };
+        assert_eq!(direct.status, 429);
+        let body: serde_json::Value = serde_json::from_slice(&direct.body).unwrap();
+        assert_eq!(body["error"]["code"], "slow_down");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn an_unconfigured_instance_answers_500_rather_than_trapping() {
+        INSTANCE.set(None);
+        let RequestAction::Respond(direct) =
+            Exported::<Recorder>::request_filter(testing::chat_request("m", &serde_json::json!({})))
+        else {
+            panic!("expected a response")
+        };
+        assert_eq!(direct.status, 500);
+    }
+}

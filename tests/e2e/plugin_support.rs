@@ -1,0 +1,55 @@
+//! Helpers shared by the first-party plugin tests (plugin_*.rs), included
+//! with `#[path]`; not a test binary of its own.
+
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents};
+
+/// A gateway serving `models` through `plugins`, in that order, from a
+/// fresh echo upstream. Keep the returned values alive for the test.
+pub async fn serve(plugins: &[Plugin], models: &[&str]) -> (Echo, ConfigDir, Gateway) {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    let names: Vec<&str> = plugins.iter().map(Plugin::name).collect();
+    let route = Route::new("chat", models, &echo.url()).plugins(&names);
+    let mut docs: Vec<String> = plugins.iter().map(Plugin::yaml).collect();
+    docs.push(route.yaml());
+    dir.write("config.yaml", &documents(&docs));
+    let gateway = Gateway::start(&dir).await;
+    (echo, dir, gateway)
+}
+
+/// A chat request body for `model` with `messages`.
+pub fn chat(model: &str, messages: Value) -> String {
+    json!({"model": model, "messages": messages}).to_string()
+}
+
+/// The `errors` of /admin/config that concern `resource`.
+pub fn errors_about<'a>(admin: &'a Value, resource: &str) -> Vec<&'a Value> {
+    let errors = admin["errors"].as_array().unwrap_or_else(|| panic!("no errors list: {admin}"));
+    errors.iter().filter(|e| e["resource"].as_str().is_some_and(|r| r.contains(resource))).collect()
+}
+
+/// Asserts each plugin is refused at load with a message containing its
+/// expected text, and its route is not served. One gateway for all.
+pub async fn assert_configs_rejected(cases: Vec<(Plugin, &str)>) {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    let mut docs = Vec::new();
+    for (plugin, _) in &cases {
+        docs.push(plugin.yaml());
+        docs.push(Route::new(plugin.name(), &[plugin.name()], &echo.url()).plugins(&[plugin.name()]).yaml());
+    }
+    dir.write("config.yaml", &documents(&docs));
+    let gateway = Gateway::start(&dir).await;
+    let admin = gateway.admin_config().await;
+    for (plugin, expected) in &cases {
+        let name = plugin.name();
+        gateway.chat(name, &[]).await.assert_error(404, "model_not_found");
+        let errors = errors_about(&admin, &format!("GatewayPlugin default/{name}"));
+        assert_eq!(errors.len(), 1, "{name}: {admin}");
+        let message = errors[0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{name}: expected {expected:?} in {message:?}");
+    }
+}
