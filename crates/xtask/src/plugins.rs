@@ -1,20 +1,40 @@
-//! `cargo xtask plugins`: build the guest workspace and publish its modules
-//! to plugins/dist/, where the quickstart config and the tests load them.
+//! `cargo xtask plugins`: build the guest workspace and the examples, and
+//! publish them to plugins/dist/, where the quickstart config and the tests
+//! load them.
+//!
+//! - First-party plugins (the plugins/ workspace) become `<package>.wasm`.
+//! - The decorator-lite examples in plugins/examples/{rust,python,js,c}
+//!   become `example-<language>.wasm`. The Python, JavaScript and C builds
+//!   are skipped when a hash of their inputs (sources, WIT, tool versions)
+//!   matches the one recorded beside the published file; cargo decides for
+//!   Rust.
 
-use std::fs;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{cargo, cargo_metadata, run, setup, step};
+use crate::setup::{self, GuestTools, absolute};
+use crate::{cargo, cargo_metadata, display, run, step, target_dir};
 
 const MANIFEST: &str = "plugins/Cargo.toml";
 const DIST: &str = "plugins/dist";
+const WIT: &str = "wit";
+const EXAMPLES: &str = "plugins/examples";
 
 pub fn build() -> Result<()> {
     setup::ensure_wasm_target()?;
+    let tools = setup::guest_tools()?;
+    let target_dir = build_first_party()?;
+    build_examples(&tools, &target_dir)
+}
 
+/// Builds the plugins/ workspace and publishes each cdylib; returns the
+/// workspace's target directory.
+fn build_first_party() -> Result<PathBuf> {
     step("Building the plugins (plugins/)");
     run(cargo().args([
         "build",
@@ -27,8 +47,9 @@ pub fn build() -> Result<()> {
     ]))?;
 
     let metadata = cargo_metadata(MANIFEST)?;
-    let target_dir = metadata["target_directory"].as_str().context("cargo metadata has no target_directory")?;
-    let release_dir = Path::new(target_dir).join(setup::WASM_TARGET).join("release");
+    let target_dir =
+        PathBuf::from(metadata["target_directory"].as_str().context("cargo metadata has no target_directory")?);
+    let release_dir = target_dir.join(setup::WASM_TARGET).join("release");
 
     step(&format!("Copying plugins to {DIST}/"));
     fs::create_dir_all(DIST).with_context(|| format!("cannot create {DIST}"))?;
@@ -41,19 +62,192 @@ pub fn build() -> Result<()> {
         let built = release_dir.join(format!("{lib_name}.wasm"));
         let dest = Path::new(DIST).join(format!("{name}.wasm"));
         let changed = publish(&built, &dest)?;
-        let bytes = fs::read(&dest).with_context(|| format!("cannot read {}", dest.display()))?;
-        println!(
-            "  {:<32} {:>8.1} KiB  sha256:{}{}",
-            dest.display(),
-            bytes.len() as f64 / 1024.0,
-            hex::encode(Sha256::digest(&bytes)),
-            if changed { "  (updated)" } else { "" },
-        );
+        report(&dest, if changed { "updated" } else { "" })?;
         copied += 1;
     }
     if copied == 0 {
         bail!("{MANIFEST} has no cdylib packages: nothing to copy");
     }
+    Ok(target_dir)
+}
+
+/// Builds the four decorator-lite examples. The Rust one shares the guest
+/// workspace's target directory (and so its compiled dependencies); the
+/// others run side by side, each logging to target/tools/logs.
+fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
+    step(&format!("Building the examples ({EXAMPLES}/)"));
+    let manifest = format!("{EXAMPLES}/rust/Cargo.toml");
+    run(cargo()
+        .args(["build", "--release", "--locked", "--target", setup::WASM_TARGET, "--manifest-path", &manifest])
+        .arg("--target-dir")
+        .arg(target_dir))?;
+    let built = target_dir.join(setup::WASM_TARGET).join("release/example_decorator_lite.wasm");
+    let rust = Path::new(DIST).join("example-rust.wasm");
+    let changed = publish(&built, &rust)?;
+
+    let examples = [python_example(tools), js_example(), c_example(tools)?];
+    let results: Vec<Result<&'static str>> = thread::scope(|scope| {
+        let handles: Vec<_> = examples.iter().map(|example| scope.spawn(|| example.build(tools))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a build thread panicked")))).collect()
+    });
+    report(&rust, if changed { "updated" } else { "" })?;
+    for (example, result) in examples.iter().zip(results) {
+        report(&example.dest(), result?)?;
+    }
+    Ok(())
+}
+
+/// An example built by an external tool, and what goes into its input hash.
+struct Example {
+    /// The published name, `example-<language>`.
+    name: &'static str,
+    /// Files and directories (all files in them, recursively) it is built from.
+    inputs: Vec<PathBuf>,
+    /// Tool versions and flags, part of the input hash too.
+    settings: String,
+    /// The build, given the path to write the component to.
+    command: Box<dyn Fn(&Path) -> Command + Sync>,
+}
+
+impl Example {
+    fn dest(&self) -> PathBuf {
+        Path::new(DIST).join(format!("{}.wasm", self.name))
+    }
+
+    fn stamp(&self) -> PathBuf {
+        Path::new(DIST).join(format!(".{}.inputs", self.name))
+    }
+
+    /// Builds unless the inputs are unchanged; returns a note for the report.
+    fn build(&self, tools: &GuestTools) -> Result<&'static str> {
+        let hash = self.input_hash(tools)?;
+        if self.dest().exists() && fs::read_to_string(self.stamp()).is_ok_and(|s| s.trim() == hash) {
+            return Ok("");
+        }
+        let log = target_dir().join("tools/logs").join(format!("{}.log", self.name));
+        let partial = absolute(&PathBuf::from(format!("{}.partial", self.dest().display())))?;
+        let mut cmd = (self.command)(&partial);
+        let shown = display(&cmd);
+        println!("$ {shown}  > {}", log.display());
+        let file = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .status()
+            .with_context(|| format!("cannot run `{shown}`"))?;
+        if !status.success() {
+            bail!("`{shown}` failed ({status}):\n{}", fs::read_to_string(&log).unwrap_or_default().trim_end());
+        }
+        fs::rename(&partial, self.dest()).with_context(|| format!("cannot replace {}", self.dest().display()))?;
+        fs::write(self.stamp(), hash)?;
+        Ok("built")
+    }
+
+    fn input_hash(&self, tools: &GuestTools) -> Result<String> {
+        let mut hasher = Sha256::new();
+        hasher.update(format!("{}\n{}\n{}\n", self.name, self.settings, tools.versions));
+        let mut files = Vec::new();
+        for input in &self.inputs {
+            collect_files(input, &mut files)?;
+        }
+        files.sort();
+        for file in files {
+            let bytes = fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            hasher.update(format!("{}\n{}\n", file.display(), bytes.len()));
+            hasher.update(bytes);
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+}
+
+fn python_example(tools: &GuestTools) -> Example {
+    let dir = Path::new(EXAMPLES).join("python");
+    let componentize_py = tools.componentize_py.clone();
+    Example {
+        name: "example-python",
+        inputs: vec![dir.join("app.py"), WIT.into()],
+        // `--stub-wasi`: the component imports no WASI at all.
+        settings: "componentize --stub-wasi app".into(),
+        command: Box::new(move |out| {
+            let mut cmd = Command::new(&componentize_py);
+            cmd.args(["-d", WIT, "-w", "plugin", "componentize", "--stub-wasi", "-p"])
+                .arg(&dir)
+                .arg("app")
+                .arg("-o")
+                .arg(out);
+            cmd
+        }),
+    }
+}
+
+fn js_example() -> Example {
+    let dir = Path::new(setup::JS_EXAMPLE_DIR);
+    let build = dir.join("build.mjs");
+    Example {
+        name: "example-js",
+        inputs: ["decorator-lite.js", "build.mjs", "package-lock.json"]
+            .map(|f| dir.join(f))
+            .into_iter()
+            .chain([WIT.into()])
+            .collect(),
+        settings: String::new(),
+        command: Box::new(move |out| {
+            let mut cmd = Command::new("node");
+            cmd.arg(&build).arg(out);
+            cmd
+        }),
+    }
+}
+
+fn c_example(tools: &GuestTools) -> Result<Example> {
+    let dir = Path::new(EXAMPLES).join("c");
+    let gen_dir = absolute(&target_dir().join("tools/c-gen"))?;
+    let vars = [
+        ("WIT_BINDGEN", tools.wit_bindgen.clone()),
+        ("WASM_TOOLS", tools.wasm_tools.clone()),
+        ("ADAPTER", tools.adapter.clone()),
+        ("GEN", gen_dir),
+    ];
+    Ok(Example {
+        name: "example-c",
+        inputs: vec![dir.join("decorator-lite.c"), dir.join("Makefile"), tools.adapter.clone(), WIT.into()],
+        settings: String::new(),
+        command: Box::new(move |out| {
+            // -B: the input hash already said this must be rebuilt.
+            let mut cmd = Command::new("make");
+            cmd.arg("-B").arg("-C").arg(&dir);
+            for (name, value) in &vars {
+                cmd.arg(format!("{name}={}", value.display()));
+            }
+            cmd.arg(format!("OUT={}", out.display()));
+            cmd
+        }),
+    })
+}
+
+/// Adds `path` if it is a file, or the files under it if it is a directory.
+fn collect_files(path: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    if path.is_dir() {
+        for entry in fs::read_dir(path).with_context(|| format!("cannot list {}", path.display()))? {
+            collect_files(&entry?.path(), files)?;
+        }
+    } else {
+        files.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Prints a published plugin's path, size and digest.
+fn report(dest: &Path, note: &str) -> Result<()> {
+    let bytes = fs::read(dest).with_context(|| format!("cannot read {}", dest.display()))?;
+    println!(
+        "  {:<36} {:>9.1} KiB  sha256:{}{}",
+        dest.display(),
+        bytes.len() as f64 / 1024.0,
+        hex::encode(Sha256::digest(&bytes)),
+        if note.is_empty() { String::new() } else { format!("  ({note})") },
+    );
     Ok(())
 }
 

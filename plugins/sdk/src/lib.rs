@@ -3,9 +3,10 @@
 //! A plugin is a type implementing [`Plugin`]: a typed `Config` the SDK
 //! parses from the GatewayPlugin's `spec.config`, the hooks it wants, and only
 //! the hook methods it uses. [`export_plugin!`] turns it into the component's
-//! exports:
+//! exports (not a doctest: `export_plugin!` links only in a wasm build; the
+//! plugins in this workspace, e.g. `add-header`, are the compiled examples):
 //!
-//! ```ignore
+//! ```text
 //! use sluice_plugin_sdk::prelude::*;
 //!
 //! #[derive(serde::Deserialize)]
