@@ -9,16 +9,16 @@
 //!   matches the one recorded beside the published file; cargo decides for
 //!   Rust.
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 
 use crate::setup::{self, GuestTools, absolute};
-use crate::{cargo, cargo_metadata, display, run, step, target_dir};
+use crate::{cargo, cargo_metadata, run, step, target_dir};
 
 const MANIFEST: &str = "plugins/Cargo.toml";
 const DIST: &str = "plugins/dist";
@@ -127,18 +127,9 @@ impl Example {
         let log = target_dir().join("tools/logs").join(format!("{}.log", self.name));
         let partial = absolute(&PathBuf::from(format!("{}.partial", self.dest().display())))?;
         let mut cmd = (self.command)(&partial);
-        let shown = display(&cmd);
-        println!("$ {shown}  > {}", log.display());
-        let file = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let status = cmd
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .status()
-            .with_context(|| format!("cannot run `{shown}`"))?;
-        if !status.success() {
-            bail!("`{shown}` failed ({status}):\n{}", fs::read_to_string(&log).unwrap_or_default().trim_end());
-        }
+        // A fresh log per build: only this build's output is shown on failure.
+        fs::write(&log, "").with_context(|| format!("cannot create {}", log.display()))?;
+        setup::run_logged(&mut cmd, &log)?;
         fs::rename(&partial, self.dest()).with_context(|| format!("cannot replace {}", self.dest().display()))?;
         fs::write(self.stamp(), hash)?;
         Ok("built")
