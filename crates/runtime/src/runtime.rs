@@ -56,6 +56,9 @@ struct Inner {
     /// Compiled modules by digest, alive while some snapshot uses them, so a
     /// config change that keeps a module does not compile it again.
     modules: Mutex<HashMap<String, Weak<PluginModule>>>,
+    /// One lock per digest being compiled, so plugins sharing a module
+    /// loaded at the same time compile it once, not side by side.
+    compiling: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
 
 impl Runtime {
@@ -83,7 +86,13 @@ impl Runtime {
                 .map_err(|e| StartError(format!("creating cache dir {}: {e}", dir.display())))?;
         }
         Ok(Self {
-            inner: Arc::new(Inner { engine, linker, cache_dir: config.cache_dir, modules: Mutex::new(HashMap::new()) }),
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                cache_dir: config.cache_dir,
+                modules: Mutex::new(HashMap::new()),
+                compiling: Mutex::new(HashMap::new()),
+            }),
         })
     }
 
@@ -100,11 +109,28 @@ impl Runtime {
         if let Some(module) = self.cached(&digest) {
             return Ok(module);
         }
+        let lock = self.compile_lock(&digest);
+        let _compiling = lock.lock().await;
+        // Whoever held the lock before may have compiled it.
+        if let Some(module) = self.cached(&digest) {
+            return Ok(module);
+        }
         let this = self.clone();
         let compiled = tokio::task::spawn_blocking(move || this.compile(&digest, &bytes))
             .await
             .map_err(|e| LoadError::Compile(format!("compile task failed: {e}")))??;
         Ok(compiled)
+    }
+
+    fn compile_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.inner.compiling.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|_, lock| lock.strong_count() > 0);
+        if let Some(lock) = locks.get(digest).and_then(Weak::upgrade) {
+            return lock;
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(digest.to_string(), Arc::downgrade(&lock));
+        lock
     }
 
     fn cached(&self, digest: &str) -> Option<Arc<PluginModule>> {
@@ -190,4 +216,25 @@ fn spawn_epoch_ticker(engine: &Engine) {
             }
         })
         .expect("spawning the epoch thread at start-up");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
+    fn add_header() -> Vec<u8> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/dist/add-header.wasm");
+        std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_loads_of_one_module_compile_it_once() {
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let bytes = add_header();
+        let (a, b, c) =
+            tokio::join!(runtime.load(bytes.clone(), None), runtime.load(bytes.clone(), None), runtime.load(bytes, None));
+        let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+        assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c), "each load compiled its own copy");
+    }
 }
