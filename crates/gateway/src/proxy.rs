@@ -157,7 +157,7 @@ async fn proxy(
 }
 
 /// A failed plugin fails the request (`Closed`) or is skipped (`Open`).
-fn apply_failure_policy(plugin: &LoadedPlugin, error: PluginError) -> Result<(), ApiError> {
+pub(crate) fn apply_failure_policy(plugin: &LoadedPlugin, error: PluginError) -> Result<(), ApiError> {
     match plugin.decl.failure_policy {
         FailurePolicy::Closed => Err(ApiError::plugin_failed(plugin.plugin.name(), error)),
         FailurePolicy::Open => {

@@ -11,10 +11,11 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
-use sluice_core::{ApiError, FailurePolicy};
+use sluice_core::ApiError;
 use sluice_runtime::{ChunkAction, Hooks, PluginError, PluginInstance, ResponseSummary, Usage};
 
 use crate::body::{Body, BoxError};
+use crate::proxy::apply_failure_policy;
 use crate::snapshot::LoadedPlugin;
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
 
@@ -309,14 +310,9 @@ async fn run_chunk_hooks(plugins: &mut [BodyPlugin], data: String) -> Chunk {
 /// A failing plugin ends the response (`Closed`) or is skipped from here on
 /// (`Open`).
 fn fail(plugin: &mut BodyPlugin, error: PluginError) -> Result<(), ApiError> {
-    match plugin.plugin.decl.failure_policy {
-        FailurePolicy::Closed => Err(ApiError::plugin_failed(plugin.name(), error)),
-        FailurePolicy::Open => {
-            tracing::warn!(plugin = plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)");
-            plugin.skipped = true;
-            Ok(())
-        }
-    }
+    apply_failure_policy(&plugin.plugin, error)?;
+    plugin.skipped = true;
+    Ok(())
 }
 
 impl Tail {
