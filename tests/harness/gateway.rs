@@ -48,10 +48,26 @@ impl Gateway {
 
     /// Starts `sluice run` and waits until /readyz answers 200.
     pub async fn start_with(config: &ConfigDir, options: Options) -> Gateway {
+        let source = vec!["--config".into(), config.path().as_os_str().to_owned()];
+        Gateway::start_source(source, options).await
+    }
+
+    /// Starts `sluice run --kubernetes`, watching `namespace` only, with its
+    /// Leases there too, as replica `replica`.
+    pub async fn start_kubernetes(kubeconfig: &std::path::Path, namespace: &str, replica: &str, options: Options) -> Gateway {
+        let source = ["--kubernetes", "--watch-namespace", namespace, "--lease-namespace", namespace, "--replica-name", replica]
+            .into_iter()
+            .map(std::ffi::OsString::from)
+            .chain(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()])
+            .collect();
+        Gateway::start_source(source, options).await
+    }
+
+    async fn start_source(source: Vec<std::ffi::OsString>, options: Options) -> Gateway {
         // A free port found here may be taken by another test before the
         // gateway binds it; then try again with fresh ports.
         for _ in 0..3 {
-            let mut gateway = Gateway::spawn(config, &options);
+            let mut gateway = Gateway::spawn(&source, &options);
             match gateway.wait_ready().await {
                 Ok(()) => return gateway,
                 Err(log) if log.contains("Address already in use") => continue,
@@ -61,7 +77,7 @@ impl Gateway {
         panic!("no free ports for the gateway after 3 attempts");
     }
 
-    fn spawn(config: &ConfigDir, options: &Options) -> Gateway {
+    fn spawn(source: &[std::ffi::OsString], options: &Options) -> Gateway {
         let scratch = tempfile::Builder::new().prefix("sluice-e2e-gateway").tempdir().expect("creating a scratch dir");
         let log = scratch.path().join("gateway.log");
         let stderr = std::fs::File::create(&log).expect("creating the gateway log");
@@ -71,8 +87,7 @@ impl Gateway {
         let mut command = Command::new(crate::sluice_binary());
         command
             .arg("run")
-            .arg("--config")
-            .arg(config.path())
+            .args(source)
             .arg("--listen")
             .arg(listen.to_string())
             .arg("--admin")

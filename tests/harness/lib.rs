@@ -8,6 +8,7 @@ mod config;
 mod echo;
 mod gateway;
 mod http;
+mod kube;
 mod registry;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ pub use config::{Backend, ConfigDir, Plugin, Route, documents};
 pub use echo::Echo;
 pub use gateway::{Gateway, Options};
 pub use http::{Client, Reply, Streamed, chat_body, sse_events};
+pub use kube::KubeCluster;
 pub use registry::Registry;
 
 const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice and plugins/dist)";

@@ -7,11 +7,55 @@ mod route;
 
 pub use documents::{Document, DocumentError, parse_documents};
 pub use plugin::{
-    GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, IsolationSpec, PluginSourceSpec, PullPolicySpec,
+    ConfigFromSpec, FailurePolicySpec, GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, IsolationSpec, PhaseSpec,
+    PluginSourceSpec, PullPolicySpec, ValueFormat,
 };
 pub use route::{AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, PluginRefSpec};
 
 use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A key of a Secret in the referring resource's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeySelector {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key within the Secret's `data`.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// An object in the referring resource's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalObjectReference {
+    #[schemars(length(min = 1))]
+    pub name: String,
+}
+
+/// One gateway replica's view of a resource, from its load report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// The replica's identity (its pod name).
+    pub name: String,
+    /// The `metadata.generation` the replica has applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The replica serves that generation.
+    pub ready: bool,
+    /// For a plugin: the module digest the replica serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Why that generation is not served there: a CamelCase reason and a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
 
 pub const API_VERSION: &str = "sluice.dev/v1alpha1";
 

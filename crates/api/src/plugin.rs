@@ -1,14 +1,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::CustomResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{FailurePolicy, Isolation, PluginDecl, PluginSource, PullPolicy, ResourceKey};
+use sluice_core::{FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy, ResourceKey};
+
+use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
 
 /// A WebAssembly component plugin and how to run it. Routes list plugins by
 /// name to build their chain.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "sluice.dev",
     version = "v1alpha1",
@@ -18,9 +21,14 @@ use sluice_core::{FailurePolicy, Isolation, PluginDecl, PluginSource, PullPolicy
     status = "GatewayPluginStatus",
     shortname = "gp",
     category = "sluice",
-    printcolumn = r#"{"name":"Digest","type":"string","jsonPath":".status.digest"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Loaded","type":"string","jsonPath":".status.loaded"}"#,
+    printcolumn = r#"{"name":"Digest","type":"string","jsonPath":".status.shortDigest"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new(
+    "!(has(self.phase) && self.phase == 'Auth' && has(self.failurePolicy) && self.failurePolicy == 'Open')"
+).message("an Auth plugin must fail closed: failurePolicy: Open would let requests through unauthenticated when it fails"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayPluginSpec {
     /// Where the Wasm component comes from.
@@ -28,13 +36,25 @@ pub struct GatewayPluginSpec {
     /// Expected sha256 of the module (64 lower-case hex digits). A module
     /// with any other digest is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
     pub sha256: Option<String>,
+    /// Where the plugin runs in a route's chain. `Auth` plugins run before
+    /// all others, whatever the route's order, and must fail closed.
+    /// `Filter` (the default) plugins run in the route's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<PhaseSpec>,
     /// Plugin configuration, handed to the plugin's `configure` as JSON. The
     /// plugin validates it once per version; a rejected config is reported
     /// and that version is not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_json")]
     pub config: Option<serde_json::Value>,
+    /// Values from Secrets, each set into `config` at a JSON Pointer
+    /// (`/apiKeys/0`, `/jwt/secret`), creating objects on the way. They are
+    /// never logged or written to status, and a change to the Secret reaches
+    /// the plugin without a change to this resource.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_from: Vec<ConfigFromSpec>,
     /// What a failing plugin (trap, timeout, memory limit) does to the
     /// request: `Closed` fails it with a 500, `Open` skips the plugin.
     #[serde(default)]
@@ -62,6 +82,37 @@ pub struct GatewayPluginSpec {
     pub max_reused_instances: Option<u32>,
 }
 
+/// A Secret value set into the plugin config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigFromSpec {
+    /// JSON Pointer (RFC 6901) into `config` where the value goes, e.g. `/auth/secret`.
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("path is a JSON Pointer, starting with /"))]
+    pub path: String,
+    /// The Secret key holding the value, in the plugin's namespace.
+    pub secret_key_ref: SecretKeySelector,
+    /// `Text` (the default) sets the value as a JSON string; `Json` parses it,
+    /// so a Secret can hold a list or an object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<ValueFormat>,
+}
+
+/// How a Secret value is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ValueFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Where a plugin runs in a route's chain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PhaseSpec {
+    Auth,
+    #[default]
+    Filter,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum IsolationSpec {
     #[default]
@@ -70,7 +121,10 @@ pub enum IsolationSpec {
 }
 
 /// Where to load a component from: exactly one of `oci` and `file`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.oci) != has(self.file)").message("set exactly one of source.oci and source.file"))]
+#[x_kube(validation = Rule::new("has(self.oci) || !(has(self.pullPolicy) || has(self.pullSecretRef))")
+    .message("pullPolicy and pullSecretRef apply to oci sources only"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PluginSourceSpec {
     /// An OCI reference to the component: `registry/repo:tag`,
@@ -87,6 +141,12 @@ pub struct PluginSourceSpec {
     /// a moved tag is picked up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_policy: Option<PullPolicySpec>,
+    /// A Secret in the plugin's namespace with the registry credentials:
+    /// `kubernetes.io/dockerconfigjson` (the entry for the registry's host)
+    /// or `kubernetes.io/basic-auth` (`username` and `password`). Without
+    /// it, the gateway's own credentials are used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret_ref: Option<LocalObjectReference>,
     /// A path to a `.wasm` component. In standalone mode a relative path
     /// resolves against the directory of the YAML file that declares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,15 +167,32 @@ pub enum FailurePolicySpec {
     Open,
 }
 
-/// Observed state of a GatewayPlugin.
+/// Observed state of a GatewayPlugin, written by the gateway replica that
+/// holds the leader Lease from every replica's load report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayPluginStatus {
-    /// `sha256:<hex>` of the module being served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
+    /// The `metadata.generation` these conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (referenced Secrets
+    /// exist and hold the keys) and `Ready` (every gateway replica serves
+    /// this generation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// `sha256:<hex>` of the module being served (the last good one while a
+    /// new version fails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The first 12 hex digits of `digest`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_digest: Option<String>,
+    /// Gateway replicas serving this generation, out of the live replicas: `2/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<String>,
+    /// Each live gateway replica's view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaStatus>,
 }
 
 fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -126,12 +203,19 @@ fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 impl GatewayPlugin {
+    /// Names of the Secrets this plugin reads, in its namespace.
+    pub fn secret_names(&self) -> impl Iterator<Item = &str> {
+        let config = self.spec.config_from.iter().map(|c| c.secret_key_ref.name.as_str());
+        config.chain(self.spec.source.pull_secret_ref.iter().map(|r| r.name.as_str()))
+    }
+
     pub fn key(&self) -> ResourceKey {
         ResourceKey::new(crate::namespace_or_default(&self.metadata), self.metadata.name.clone().unwrap_or_default())
     }
 
     /// The domain declaration, with a relative `source.file` resolved
-    /// against `base_dir`.
+    /// against `base_dir`. Secret references (`configFrom`,
+    /// `source.pullSecretRef`) are left for the caller to resolve.
     pub fn decl(&self, base_dir: &std::path::Path) -> Result<PluginDecl, String> {
         let spec = &self.spec;
         if let Some(pin) = &spec.sha256
@@ -146,10 +230,12 @@ impl GatewayPlugin {
                     PullPolicySpec::IfNotPresent => PullPolicy::IfNotPresent,
                     PullPolicySpec::Always => PullPolicy::Always,
                 },
+                // Resolved by the Kubernetes controller, which has the Secrets.
+                credentials: None,
             },
             (None, Some(file)) if !file.is_empty() => {
-                if spec.source.pull_policy.is_some() {
-                    return Err("spec.source.pullPolicy applies to `oci` sources only".into());
+                if spec.source.pull_policy.is_some() || spec.source.pull_secret_ref.is_some() {
+                    return Err("spec.source.pullPolicy and pullSecretRef apply to `oci` sources only".into());
                 }
                 let path = PathBuf::from(file);
                 PluginSource::File(if path.is_absolute() { path } else { base_dir.join(path) })
@@ -157,9 +243,17 @@ impl GatewayPlugin {
             (Some(_), Some(_)) => return Err("spec.source needs exactly one of `oci` and `file`, not both".into()),
             _ => return Err("spec.source needs exactly one of `oci` and `file` (non-empty)".into()),
         };
+        let phase = match spec.phase.unwrap_or_default() {
+            PhaseSpec::Auth => Phase::Auth,
+            PhaseSpec::Filter => Phase::Filter,
+        };
+        if phase == Phase::Auth && spec.failure_policy == FailurePolicySpec::Open {
+            return Err("an Auth plugin must fail closed; failurePolicy: Open is refused".into());
+        }
         Ok(PluginDecl {
             key: self.key(),
             source,
+            phase,
             sha256: spec.sha256.clone(),
             config: spec.config.clone().unwrap_or_else(|| serde_json::json!({})),
             failure_policy: match spec.failure_policy {

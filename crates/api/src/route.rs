@@ -1,10 +1,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::CustomResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sluice_core::{ApiKeySource, BackendDecl, ResourceKey, RouteDecl};
+
+use crate::{ReplicaStatus, SecretKeySelector};
 
 /// Which model names go to which OpenAI-compatible upstreams, and which
 /// plugins run on the way.
@@ -18,7 +21,10 @@ use sluice_core::{ApiKeySource, BackendDecl, ResourceKey, RouteDecl};
     status = "AIModelRouteStatus",
     shortname = "amr",
     category = "sluice",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Models","type":"string","jsonPath":".spec.models"}"#,
+    printcolumn = r#"{"name":"Plugins","type":"string","jsonPath":".spec.plugins[*].name"}"#,
+    printcolumn = r#"{"name":"Loaded","type":"string","jsonPath":".status.loaded"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -39,10 +45,14 @@ pub struct AIModelRouteSpec {
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new(
+    "[has(self.apiKeyEnv), has(self.apiKeyFile), has(self.apiKeySecretRef)].filter(x, x).size() <= 1"
+).message("set at most one of apiKeyEnv, apiKeyFile and apiKeySecretRef"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackendSpec {
     /// Base URL, e.g. `https://api.openai.com/v1`; `/chat/completions` etc. are appended.
+    #[schemars(regex(pattern = "^https?://"))]
     pub url: String,
     /// Model name sent upstream in place of the client's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +64,10 @@ pub struct BackendSpec {
     /// File holding the backend's API key (standalone mode), relative to the YAML file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<String>,
+    /// Secret key holding the backend's API key (Kubernetes), in the
+    /// route's namespace. A rotated Secret is picked up without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeySelector>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -63,15 +77,33 @@ pub struct PluginRefSpec {
     pub name: String,
 }
 
-/// Observed state of an AIModelRoute.
+/// Observed state of an AIModelRoute, written by the gateway replica that
+/// holds the leader Lease from every replica's load report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AIModelRouteStatus {
+    /// The `metadata.generation` these conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Accepted` (valid, and no model taken by an older route),
+    /// `ResolvedRefs` (its plugins and Secrets exist) and `Ready` (every
+    /// gateway replica serves this generation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Gateway replicas serving this generation, out of the live replicas: `2/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<String>,
+    /// Each live gateway replica's view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaStatus>,
 }
 
 impl AIModelRoute {
+    /// Names of the Secrets this route reads, in its namespace.
+    pub fn secret_names(&self) -> impl Iterator<Item = &str> {
+        self.spec.backends.iter().filter_map(|b| b.api_key_secret_ref.as_ref()).map(|r| r.name.as_str())
+    }
+
     pub fn key(&self) -> ResourceKey {
         ResourceKey::new(crate::namespace_or_default(&self.metadata), self.metadata.name.clone().unwrap_or_default())
     }
@@ -92,11 +124,12 @@ impl AIModelRoute {
                 if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
                     return Err(format!("backend url `{}` must start with http:// or https://", b.url));
                 }
-                let api_key = match (&b.api_key_env, &b.api_key_file) {
-                    (Some(_), Some(_)) => return Err("a backend sets both apiKeyEnv and apiKeyFile".into()),
-                    (Some(var), None) => Some(ApiKeySource::Env(var.clone())),
-                    (None, Some(file)) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
-                    (None, None) => None,
+                // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
+                let api_key = match (&b.api_key_env, &b.api_key_file, &b.api_key_secret_ref) {
+                    (Some(var), None, None) => Some(ApiKeySource::Env(var.clone())),
+                    (None, Some(file), None) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
+                    (None, None, _) => None,
+                    _ => return Err("a backend sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
                 };
                 Ok(BackendDecl { url: b.url.trim_end_matches('/').to_string(), model: b.model.clone(), api_key })
             })

@@ -61,14 +61,52 @@ pub enum PluginSource {
     File(PathBuf),
     /// An OCI reference: `registry/repo:tag`, `registry/repo@sha256:…` or
     /// `registry/repo:tag@sha256:…`.
-    Oci { reference: String, pull_policy: PullPolicy },
+    Oci {
+        reference: String,
+        pull_policy: PullPolicy,
+        /// Credentials for this plugin's pulls (a Kubernetes pull Secret),
+        /// instead of the gateway's own.
+        #[serde(skip)]
+        credentials: Option<RegistryCredentials>,
+    },
+}
+
+/// Registry credentials given with a plugin, from a Kubernetes Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryCredentials {
+    Basic { username: String, password: Secret },
+    /// A docker `config.json` (a `kubernetes.io/dockerconfigjson` Secret):
+    /// the entry for the plugin's registry host is used.
+    DockerConfigJson(Secret),
+}
+
+/// A value from a Secret. It never prints: `Debug` and `Display` show a
+/// placeholder, so a secret cannot reach a log line or a status message by
+/// accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 impl PluginSource {
     /// Whether loading it again may give a different module with no change
     /// to the declaration: a tag re-resolved on every load.
     pub fn may_move(&self) -> bool {
-        matches!(self, PluginSource::Oci { pull_policy: PullPolicy::Always, reference } if !reference.contains('@'))
+        matches!(self, PluginSource::Oci { pull_policy: PullPolicy::Always, reference, .. } if !reference.contains('@'))
     }
 }
 
@@ -92,10 +130,22 @@ pub enum PullPolicy {
     Always,
 }
 
+/// Where a plugin runs in a route's chain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Phase {
+    /// Before every `Filter` plugin, whatever the route's order; an auth
+    /// plugin must fail closed.
+    Auth,
+    /// In the route's order.
+    #[default]
+    Filter,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct PluginDecl {
     pub key: ResourceKey,
     pub source: PluginSource,
+    pub phase: Phase,
     /// Expected sha256 of the module, lower-case hex.
     pub sha256: Option<String>,
     pub config: serde_json::Value,
@@ -116,6 +166,8 @@ impl PluginDecl {
 pub enum ApiKeySource {
     Env(String),
     File(PathBuf),
+    /// The key itself, from a Kubernetes Secret.
+    Value(Secret),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,9 +207,23 @@ impl ResourceError {
     }
 }
 
+/// What a config source publishes.
+#[derive(Clone, Debug)]
+pub enum ConfigUpdate {
+    /// Everything that should be served now.
+    Desired(DesiredConfig),
+    /// The source could not be read as a whole (e.g. a file does not parse).
+    /// Applying the rest could silently drop what the bad part declares, so
+    /// the gateway keeps its last good config and reports these.
+    Invalid(Vec<ResourceError>),
+}
+
 /// Everything a config source currently asks for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DesiredConfig {
+    /// Increases with every config a source publishes, so the source can
+    /// tell which of its configs a [`crate::LoadReport`] is about.
+    pub revision: u64,
     pub plugins: Vec<PluginDecl>,
     pub routes: Vec<RouteDecl>,
 }
@@ -210,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_model_claimed_twice_is_a_conflict() {
-        let desired = DesiredConfig { plugins: vec![], routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])] };
+        let desired = DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])] };
         let conflicts = desired.conflicts();
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].resource, "AIModelRoute default/b");
@@ -219,7 +285,7 @@ mod tests {
 
     #[test]
     fn distinct_routes_do_not_conflict() {
-        let desired = DesiredConfig { plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
+        let desired = DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
         assert!(desired.conflicts().is_empty());
     }
 }

@@ -4,9 +4,11 @@
 
 pub mod config;
 pub mod error;
+pub mod report;
 
 pub use config::{
-    ApiKeySource, BackendDecl, DesiredConfig, FailurePolicy, Isolation, PluginDecl, PluginSource, PullPolicy, ResourceError, ResourceKey,
-    RouteDecl,
+    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy,
+    RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
 };
+pub use report::{LoadReport, LoadState};
 pub use error::{ApiError, ErrorType};

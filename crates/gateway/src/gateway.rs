@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use sluice_core::ResourceError;
+use sluice_core::{LoadReport, ResourceError};
 use sluice_oci::Registry;
 use sluice_runtime::Runtime;
 use tokio::sync::watch;
@@ -36,7 +36,13 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub struct Gateway {
     pub(crate) snapshot: ArcSwap<Snapshot>,
     pub(crate) report: ArcSwap<Report>,
+    /// Per-resource outcome of each applied config, for a source that
+    /// writes status (Kubernetes).
+    load_reports: watch::Sender<Arc<LoadReport>>,
     pub(crate) ready: AtomicBool,
+    /// Shutting down: /readyz says so, so load balancers stop sending new
+    /// requests before the listener closes.
+    draining: AtomicBool,
     pub(crate) runtime: Runtime,
     /// Fetches plugins with an `oci` source.
     pub(crate) registry: Option<Registry>,
@@ -63,7 +69,9 @@ impl Gateway {
             registry,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             report: ArcSwap::from_pointee(Report::default()),
+            load_reports: watch::Sender::new(Arc::new(LoadReport::default())),
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             upstream: UpstreamClient::new()?,
             runtime,
             settings,
@@ -74,8 +82,20 @@ impl Gateway {
         self.snapshot.load_full()
     }
 
+    /// The per-resource outcome of every config applied from now on (and
+    /// of the last one), including rebuilds after transient failures.
+    pub fn load_reports(&self) -> watch::Receiver<Arc<LoadReport>> {
+        self.load_reports.subscribe()
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && !self.draining.load(Ordering::Acquire)
+    }
+
+    /// Marks the gateway not ready for the rest of its life; requests are
+    /// still served.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
     }
 
     /// Applies every update from a config source: builds the next snapshot
@@ -149,6 +169,9 @@ impl Gateway {
             Applied::Done
         };
         self.snapshot.store(Arc::new(next));
+        let load_report =
+            LoadReport { revision: desired.revision, plugins: build.plugins.clone(), routes: build.routes.clone() };
+        self.load_reports.send_replace(Arc::new(load_report));
         self.report.store(Arc::new(Report { source_errors: Vec::new(), build }));
         self.ready.store(true, Ordering::Release);
         outcome

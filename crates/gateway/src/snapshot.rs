@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::HeaderValue;
 use serde::Serialize;
+use std::collections::BTreeMap;
+
 use sluice_core::{
-    ApiKeySource, DesiredConfig, FailurePolicy, PluginDecl, PluginSource, PullPolicy, ResourceError, ResourceKey,
-    RouteDecl,
+    ApiKeySource, DesiredConfig, FailurePolicy, LoadState, PluginDecl, PluginSource, PullPolicy, RegistryCredentials,
+    ResourceError, ResourceKey, RouteDecl,
 };
-use sluice_oci::{Reference, Registry};
+use sluice_oci::{PullCredentials, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Limits, Runtime};
 
 #[derive(Default)]
@@ -64,6 +66,12 @@ impl Route {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct BuildReport {
     pub errors: Vec<ResourceError>,
+    /// Each declared plugin's state, for a config source that reports status.
+    #[serde(skip)]
+    pub plugins: BTreeMap<ResourceKey, LoadState>,
+    /// Each declared route's state.
+    #[serde(skip)]
+    pub routes: BTreeMap<ResourceKey, LoadState>,
     /// Some failure may go away by itself (a registry that was
     /// unreachable): the same config is worth building again later.
     #[serde(skip)]
@@ -74,11 +82,13 @@ pub struct BuildReport {
 struct LoadFailure {
     message: String,
     transient: bool,
+    /// A CamelCase reason for status conditions.
+    reason: &'static str,
 }
 
 impl LoadFailure {
     fn permanent(message: impl Into<String>) -> Self {
-        Self { message: message.into(), transient: false }
+        Self { message: message.into(), transient: false, reason: "LoadFailed" }
     }
 }
 
@@ -97,47 +107,65 @@ pub async fn build(
     let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, registry, decl, previous));
     let loaded = futures_util::future::join_all(loads).await;
     let mut plugins = HashMap::new();
+    let mut plugin_states = BTreeMap::new();
     for (decl, result) in desired.plugins.iter().zip(loaded) {
         match result {
             Ok(plugin) => {
+                plugin_states.insert(decl.key.clone(), LoadState::ready(Some(plugin.plugin.digest().to_string())));
                 plugins.insert(decl.key.clone(), plugin);
             }
-            Err(LoadFailure { message, transient }) => {
+            Err(LoadFailure { message, transient, reason }) => {
                 retry |= transient;
                 let resource = format!("GatewayPlugin {}", decl.key);
                 match previous.plugins.get(&decl.key) {
                     Some(last_good) => {
+                        let digest = last_good.plugin.digest().to_string();
                         errors.push(ResourceError::new(
                             resource,
-                            format!("{message}; still serving the last good version {}", last_good.plugin.digest()),
+                            format!("{message}; still serving the last good version {digest}"),
                         ));
+                        plugin_states
+                            .insert(decl.key.clone(), LoadState::failed(reason, message, Some(digest), transient));
                         plugins.insert(decl.key.clone(), last_good.clone());
                     }
-                    None => errors.push(ResourceError::new(resource, message)),
+                    None => {
+                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, &message, None, transient));
+                        errors.push(ResourceError::new(resource, message));
+                    }
                 }
             }
         }
     }
 
     let conflicts = desired.conflicts();
-    let conflicting: Vec<&str> = conflicts.iter().map(|c| c.resource.as_str()).collect();
     let previous_routes: HashMap<&ResourceKey, &Arc<Route>> =
         previous.routes.iter().map(|r| (&r.decl.key, r)).collect();
     let mut routes = Vec::new();
+    let mut route_states = BTreeMap::new();
     for decl in &desired.routes {
         let resource = format!("AIModelRoute {}", decl.key);
-        if conflicting.contains(&resource.as_str()) {
+        if let Some(conflict) = conflicts.iter().find(|c| c.resource == resource) {
+            route_states.insert(decl.key.clone(), LoadState::failed("ModelConflict", &conflict.message, None, false));
             continue;
         }
         match build_route(decl, &plugins) {
-            Ok(route) => routes.push(Arc::new(route)),
+            Ok(route) => {
+                route_states.insert(decl.key.clone(), LoadState::ready(None));
+                routes.push(Arc::new(route));
+            }
             Err(message) => match previous_routes.get(&decl.key) {
                 Some(last_good) => {
-                    errors
-                        .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
+                    errors.push(ResourceError::new(
+                        resource,
+                        format!("{message}; still serving its last good version"),
+                    ));
+                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", message, None, false));
                     routes.push(Arc::clone(last_good));
                 }
-                None => errors.push(ResourceError::new(resource, message)),
+                None => {
+                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", &message, None, false));
+                    errors.push(ResourceError::new(resource, message));
+                }
             },
         }
     }
@@ -153,7 +181,7 @@ pub async fn build(
     // Only plugins some route uses need to stay loaded, but all are kept so
     // their last good versions survive a route edit.
     let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
-    (snapshot, BuildReport { errors, retry })
+    (snapshot, BuildReport { errors, plugins: plugin_states, routes: route_states, retry })
 }
 
 async fn load_plugin(
@@ -166,7 +194,9 @@ async fn load_plugin(
         PluginSource::File(path) => tokio::fs::read(path)
             .await
             .map_err(|e| LoadFailure::permanent(format!("reading {}: {e}", path.display())))?,
-        PluginSource::Oci { reference, pull_policy } => pull(registry, reference, *pull_policy, decl).await?,
+        PluginSource::Oci { reference, pull_policy, credentials } => {
+            pull(registry, reference, *pull_policy, credentials.as_ref(), decl).await?
+        }
     };
     let digest = sluice_runtime::digest_of(&bytes);
     // Same declaration, same bytes: the loaded version is still right.
@@ -176,7 +206,10 @@ async fn load_plugin(
     {
         return Ok(last.clone());
     }
-    let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| LoadFailure::permanent(e.to_string()))?;
+    let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| {
+        let reason = if matches!(e, sluice_runtime::LoadError::DigestMismatch { .. }) { "DigestMismatch" } else { "LoadFailed" };
+        LoadFailure { reason, ..LoadFailure::permanent(e.to_string()) }
+    })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
     let plugin = module
         .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
@@ -191,29 +224,44 @@ async fn pull(
     registry: Option<&Registry>,
     reference: &str,
     policy: PullPolicy,
+    credentials: Option<&RegistryCredentials>,
     decl: &PluginDecl,
 ) -> Result<Vec<u8>, LoadFailure> {
     let registry = registry.ok_or_else(|| LoadFailure::permanent("OCI sources need a registry client"))?;
-    let parsed: Reference = reference.parse().map_err(|e: sluice_oci::OciError| LoadFailure::permanent(e.to_string()))?;
+    let parsed: Reference = reference
+        .parse()
+        .map_err(|e: sluice_oci::OciError| LoadFailure { reason: "InvalidReference", ..LoadFailure::permanent(e.to_string()) })?;
     let policy = match policy {
         PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
         PullPolicy::Always => sluice_oci::PullPolicy::Always,
     };
-    match registry.pull(&parsed, policy, decl.sha256.as_deref()).await {
+    let credentials = credentials.map(|c| match c {
+        RegistryCredentials::Basic { username, password } => {
+            PullCredentials::Basic { username: username.clone(), password: password.expose().to_string() }
+        }
+        RegistryCredentials::DockerConfigJson(json) => PullCredentials::DockerConfigJson(json.expose().to_string()),
+    });
+    match registry.pull_as(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref()).await {
         Ok(pulled) => {
             tracing::debug!(plugin = %decl.key, %reference, manifest = %pulled.manifest_digest, origin = ?pulled.origin, "module pulled");
             Ok(pulled.module.to_vec())
         }
-        Err(error) => Err(LoadFailure { transient: error.is_transient(), message: format!("pulling {reference}: {error}") }),
+        Err(error) => Err(LoadFailure {
+            transient: error.is_transient(),
+            reason: if matches!(error, sluice_oci::OciError::DigestMismatch { .. }) { "DigestMismatch" } else { "PullFailed" },
+            message: format!("pulling {reference}: {error}"),
+        }),
     }
 }
 
 fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>) -> Result<Route, String> {
-    let chain = decl
+    let mut chain: Vec<Arc<LoadedPlugin>> = decl
         .plugins
         .iter()
         .map(|key| plugins.get(key).cloned().ok_or_else(|| format!("plugin {key} is not loaded")))
         .collect::<Result<_, _>>()?;
+    // Auth plugins first; the rest keep the route's order (a stable sort).
+    chain.sort_by_key(|plugin| plugin.decl.phase);
     let backends = decl
         .backends
         .iter()
@@ -231,6 +279,7 @@ fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
         ApiKeySource::File(path) => {
             std::fs::read_to_string(path).map_err(|e| format!("reading API key file {}: {e}", path.display()))?
         }
+        ApiKeySource::Value(secret) => secret.expose().to_string(),
     };
     let mut value = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
         .map_err(|_| "the API key holds characters not allowed in a header".to_string())?;

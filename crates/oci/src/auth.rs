@@ -85,10 +85,42 @@ fn explicit(path: &Path, registry: &str) -> Result<RegistryAuth, OciError> {
     Ok(RegistryAuth::Basic(username.to_string(), password.to_string()))
 }
 
+/// Credentials handed over in memory, e.g. from a Kubernetes pull Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum PullCredentials {
+    Basic { username: String, password: String },
+    /// A docker `config.json` text; the entry for the registry's host is used.
+    DockerConfigJson(String),
+}
+
+impl std::fmt::Debug for PullCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PullCredentials::Basic { username, .. } => write!(f, "Basic({username}, <redacted>)"),
+            PullCredentials::DockerConfigJson(_) => f.write_str("DockerConfigJson(<redacted>)"),
+        }
+    }
+}
+
+impl PullCredentials {
+    pub(crate) fn for_registry(&self, registry: &str) -> Result<RegistryAuth, OciError> {
+        match self {
+            PullCredentials::Basic { username, password } => Ok(RegistryAuth::Basic(username.clone(), password.clone())),
+            PullCredentials::DockerConfigJson(text) => docker_config_entry(text, registry)
+                .map_err(|reason| OciError::Credentials { path: PathBuf::from("<pull secret>"), reason }),
+        }
+    }
+}
+
 fn from_docker_config(path: &Path, registry: &str) -> Result<RegistryAuth, OciError> {
     let bad = |reason: String| OciError::Credentials { path: path.to_path_buf(), reason };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let config: DockerConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    docker_config_entry(&text, registry).map_err(bad)
+}
+
+fn docker_config_entry(text: &str, registry: &str) -> Result<RegistryAuth, String> {
+    let bad = |reason: String| reason;
+    let config: DockerConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     // Keys may be written as URLs ("https://host/v1/") as well as bare hosts.
     let entry = config.auths.iter().find(|(key, _)| auth_key_host(key) == registry).map(|(_, entry)| entry);
     let Some(entry) = entry else { return Ok(RegistryAuth::Anonymous) };

@@ -18,7 +18,7 @@ mod format;
 mod reference;
 mod registry;
 
-pub use auth::Credentials;
+pub use auth::{Credentials, PullCredentials};
 pub use component::{ComponentInfo, inspect_component};
 pub use error::OciError;
 pub use format::{Format, WasmConfig, WasmConfigComponent};

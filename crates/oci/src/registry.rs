@@ -21,7 +21,7 @@ use crate::component::{ComponentInfo, inspect_component};
 use crate::format::{self, Format, WasmConfig, WasmConfigComponent};
 use crate::media_types as mt;
 use crate::reference::normalize_pin;
-use crate::{Credentials, OciError, Reference, sha256_digest};
+use crate::{Credentials, OciError, PullCredentials, Reference, sha256_digest};
 
 /// Large enough for interpreted-language components (Python's are ~20 MB).
 pub const DEFAULT_MAX_MODULE_BYTES: u64 = 100 * 1024 * 1024;
@@ -211,6 +211,18 @@ impl Registry {
         policy: PullPolicy,
         expected_sha256: Option<&str>,
     ) -> Result<Pulled, OciError> {
+        self.pull_as(reference, policy, expected_sha256, None).await
+    }
+
+    /// [`Registry::pull`] with credentials of its own (a plugin's pull
+    /// Secret) in place of the configured ones.
+    pub async fn pull_as(
+        &self,
+        reference: &Reference,
+        policy: PullPolicy,
+        expected_sha256: Option<&str>,
+        credentials: Option<&PullCredentials>,
+    ) -> Result<Pulled, OciError> {
         let pin = expected_sha256.map(normalize_pin).transpose()?;
         let _same_reference = self.lock(format!("reference {reference}")).await;
         let known = match reference.digest() {
@@ -223,7 +235,7 @@ impl Registry {
         {
             return check_pin(pulled, pin.as_deref());
         }
-        match retrying(reference, move || self.fetch(reference)).await {
+        match retrying(reference, move || self.fetch(reference, credentials)).await {
             Ok(pulled) => check_pin(pulled, pin.as_deref()),
             Err(error) if error.is_transient() => {
                 let Some(manifest_digest) = &known else { return Err(error) };
@@ -356,8 +368,8 @@ impl Registry {
     }
 
     /// Resolves the reference with the registry and fetches what is not cached.
-    async fn fetch(&self, reference: &Reference) -> Result<Pulled, OciError> {
-        let (client, auth) = self.client(reference).await?;
+    async fn fetch(&self, reference: &Reference, credentials: Option<&PullCredentials>) -> Result<Pulled, OciError> {
+        let (client, auth) = self.client_as(reference, credentials).await?;
         let (top_bytes, top_digest) = self.manifest_raw(&client, &auth, reference).await?;
         let cache = &self.inner.cache;
         let tag = reference.digest().is_none().then(|| reference.clone());
@@ -542,8 +554,19 @@ impl Registry {
 
     /// The client for this reference's registry, with its current credentials.
     async fn client(&self, reference: &Reference) -> Result<(oci_client::Client, RegistryAuth), OciError> {
+        self.client_as(reference, None).await
+    }
+
+    async fn client_as(
+        &self,
+        reference: &Reference,
+        credentials: Option<&PullCredentials>,
+    ) -> Result<(oci_client::Client, RegistryAuth), OciError> {
         let registry = reference.registry().to_string();
-        let auth = self.inner.options.credentials.for_registry(&registry)?;
+        let auth = match credentials {
+            Some(credentials) => credentials.for_registry(&registry)?,
+            None => self.inner.options.credentials.for_registry(&registry)?,
+        };
         if let Some((known, client)) = self.inner.clients.lock().expect("clients lock").get(&registry)
             && *known == auth
         {

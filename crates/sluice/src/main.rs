@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway on GatewayPlugin and AIModelRoute YAML from a directory.
+    /// Run the gateway on GatewayPlugin and AIModelRoute YAML from a
+    /// directory (`--config`), or from the Kubernetes API (`--kubernetes`).
     Run(RunArgs),
     /// Run an OpenAI-compatible upstream that echoes what it receives.
     EchoUpstream {
@@ -45,8 +46,29 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Directory of GatewayPlugin and AIModelRoute YAML, watched for changes.
+    #[arg(long, required_unless_present = "kubernetes", conflicts_with = "kubernetes")]
+    config: Option<PathBuf>,
+    /// Read GatewayPlugins and AIModelRoutes from the Kubernetes API, and
+    /// write their status. Uses the in-cluster config, or `--kubeconfig`,
+    /// or `KUBECONFIG`/`~/.kube/config`.
     #[arg(long)]
-    config: PathBuf,
+    kubernetes: bool,
+    #[arg(long, requires = "kubernetes", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch this namespace only (the least privilege: a Role there is
+    /// enough). All namespaces when not given.
+    #[arg(long, requires = "kubernetes", env = "SLUICE_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Namespace of the leader Lease and of the replicas' report Leases.
+    #[arg(long, requires = "kubernetes", env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in load reports and Events (the pod name).
+    #[arg(long, requires = "kubernetes", env = "POD_NAME")]
+    replica_name: Option<String>,
+    /// On shutdown, how long to keep accepting requests with /readyz
+    /// failing, so load balancers stop routing here first.
+    #[arg(long, default_value_t = 0)]
+    shutdown_delay_seconds: u64,
     /// Data plane (OpenAI API) address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -120,26 +142,49 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let admin = TcpListener::bind(args.admin).await.with_context(|| format!("binding {}", args.admin))?;
-    tracing::info!(listen = %args.listen, admin = %args.admin, config = %args.config.display(), "sluice starting");
-
     let (updates_tx, updates_rx) = watch::channel(None);
-    tokio::spawn(FileSource::new(&args.config).run(updates_tx));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let mut controller = None;
+    match &args.config {
+        Some(config) => {
+            tracing::info!(listen = %args.listen, admin = %args.admin, config = %config.display(), "sluice starting");
+            tokio::spawn(FileSource::new(config).run(updates_tx));
+        }
+        None => {
+            let client = kube_client(args.kubeconfig.as_deref()).await?;
+            let options = sluice_controller::Options {
+                namespace: args.watch_namespace.clone(),
+                lease_namespace: args.lease_namespace.clone(),
+                replica: args.replica_name.clone().unwrap_or_else(hostname),
+            };
+            tracing::info!(listen = %args.listen, admin = %args.admin, namespace = options.namespace.as_deref().unwrap_or("(all)"), replica = %options.replica, "sluice starting on Kubernetes");
+            let reports = gateway.load_reports();
+            controller =
+                Some(tokio::spawn(sluice_controller::run(client, options, updates_tx, reports, stopped(stop_rx.clone()))));
+        }
+    }
     let following = gateway.clone();
     tokio::spawn(async move {
         let _ = warm_up.await;
         following.follow(updates_rx).await;
     });
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
     let admin_task = tokio::spawn(sluice_gateway::serve_admin(gateway.clone(), admin, stopped(stop_rx.clone())));
+    let draining = gateway.clone();
+    let shutdown_delay = Duration::from_secs(args.shutdown_delay_seconds);
     let data_plane = sluice_gateway::serve_data_plane(
         gateway,
         data,
         async move {
             shutdown_signal().await;
+            draining.begin_drain();
+            if !shutdown_delay.is_zero() {
+                tracing::info!(delay = ?shutdown_delay, "shutting down: not ready, still serving");
+                tokio::time::sleep(shutdown_delay).await;
+            }
             tracing::info!("shutting down: draining in-flight requests");
             let _ = stop_tx.send(true);
         },
@@ -147,8 +192,33 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     data_plane.await;
     let _ = admin_task.await;
+    if let Some(controller) = controller {
+        // Hands the lead over and withdraws this replica's report.
+        let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await.context("finding the Kubernetes API (in-cluster or kubeconfig)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("sluice-{}", std::process::id()))
 }
 
 fn default_cache_dir() -> Option<PathBuf> {

@@ -5,6 +5,7 @@
 //! runs, so a failure can be reproduced by hand.
 
 mod bench;
+mod kube;
 mod plugins;
 mod process;
 mod quickstart;
@@ -40,6 +41,9 @@ enum Task {
     Quickstart(quickstart::Args),
     /// Measure the latency the gateway adds, and run the runtime micro-benchmark.
     Bench(bench::Args),
+    /// Build kube-apiserver, kubectl and etcd for the tests (once, into the
+    /// user's cache directory) and print their directory.
+    Kube,
 }
 
 fn main() -> Result<()> {
@@ -51,6 +55,11 @@ fn main() -> Result<()> {
         Task::Test { cargo_test_args } => setup::test(&cargo_test_args),
         Task::Quickstart(args) => quickstart::main(args),
         Task::Bench(args) => bench::main(args),
+        Task::Kube => {
+            let bin = kube::ensure()?;
+            println!("{}={}", kube::BIN_DIR_ENV, bin.display());
+            Ok(())
+        }
     }
 }
 

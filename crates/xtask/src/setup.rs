@@ -23,7 +23,7 @@ use std::thread;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{cargo, display, output, plugins, run, step, target_dir};
+use crate::{cargo, display, kube, output, plugins, run, step, target_dir};
 
 /// The target the plugins are built for.
 pub const WASM_TARGET: &str = "wasm32-wasip2";
@@ -74,10 +74,18 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Running the plugins' unit tests");
     run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
 
+    // A real kube-apiserver, kubectl and etcd for the Kubernetes tests.
+    let kube_bin = kube::ensure()?;
+
     step("Running the test suite");
     let venv = absolute(&tools_venv())?;
     println!("{TOOLS_VENV_ENV}={}", venv.display());
-    run(cargo().args(["test", "--workspace"]).args(cargo_test_args).env(TOOLS_VENV_ENV, venv))
+    println!("{}={}", kube::BIN_DIR_ENV, kube_bin.display());
+    run(cargo()
+        .args(["test", "--workspace"])
+        .args(cargo_test_args)
+        .env(TOOLS_VENV_ENV, venv)
+        .env(kube::BIN_DIR_ENV, kube_bin))
 }
 
 /// Adds the wasm target to the active toolchain unless it is already there.

@@ -100,11 +100,11 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
             let result = document.map_err(|e| e.to_string()).and_then(|document| match document {
                 Document::Plugin(plugin) => plugin
                     .decl(base)
-                    .map(|decl| desired.plugins.push(decl))
+                    .and_then(|decl| no_secret_refs(plugin.secret_names()).map(|()| desired.plugins.push(decl)))
                     .map_err(|e| format!("GatewayPlugin {}: {e}", plugin.key())),
                 Document::Route(route) => route
                     .decl(base)
-                    .map(|decl| desired.routes.push(decl))
+                    .and_then(|decl| no_secret_refs(route.secret_names()).map(|()| desired.routes.push(decl)))
                     .map_err(|e| format!("AIModelRoute {}: {e}", route.key())),
             });
             if let Err(message) = result {
@@ -128,6 +128,17 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
     let fingerprint = hasher.finalize().into();
     let update = if errors.is_empty() { ConfigUpdate::Desired(desired) } else { ConfigUpdate::Invalid(errors) };
     (update, fingerprint)
+}
+
+/// Secrets live in the Kubernetes API; a directory has none to refer to.
+fn no_secret_refs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<(), String> {
+    match names.next() {
+        Some(name) => Err(format!(
+            "refers to Secret `{name}`, but Secrets need `sluice run --kubernetes`; \
+             in standalone mode put the value in `config`, or use a backend's apiKeyFile or apiKeyEnv"
+        )),
+        None => Ok(()),
+    }
 }
 
 fn collect_yaml(dir: &Path, files: &mut BTreeMap<PathBuf, String>, errors: &mut Vec<ResourceError>) {

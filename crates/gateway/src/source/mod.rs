@@ -7,18 +7,8 @@ pub use file::FileSource;
 
 use std::future::Future;
 
-use sluice_core::{DesiredConfig, ResourceError};
+pub use sluice_core::ConfigUpdate;
 use tokio::sync::watch;
-
-#[derive(Clone, Debug)]
-pub enum ConfigUpdate {
-    /// Everything that should be served now.
-    Desired(DesiredConfig),
-    /// The source could not be read as a whole (e.g. a file does not parse).
-    /// Applying the rest could silently drop what the bad part declares, so
-    /// the gateway keeps its last good config and reports these.
-    Invalid(Vec<ResourceError>),
-}
 
 pub trait ConfigSource: Send + 'static {
     /// Publishes the current desired config, then again after every change,

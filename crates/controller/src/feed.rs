@@ -1,0 +1,241 @@
+//! The data plane's feed: watches GatewayPlugins, AIModelRoutes and Secrets,
+//! and publishes the whole desired config whenever any of them changes.
+//!
+//! Every replica runs this. The desired config is a function of what the
+//! watches hold, so a restarted watch (a re-list after the apiserver comes
+//! back) converges on the truth, deletions included, with no finalizers: the
+//! only state outside the objects is this process's memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{self, BoxStream};
+use futures_util::{FutureExt as _, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use sluice_api::{AIModelRoute, GatewayPlugin};
+use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
+use tokio::sync::watch;
+
+use crate::translate;
+
+/// What the watches hold, shared with the status controllers.
+#[derive(Clone)]
+pub struct Stores {
+    pub plugins: Store<GatewayPlugin>,
+    pub routes: Store<AIModelRoute>,
+    pub secrets: Store<Secret>,
+}
+
+/// Which generation of each resource went into which published revision,
+/// so a load report (about a revision) can be told per generation.
+#[derive(Default)]
+pub struct Published {
+    by_revision: BTreeMap<u64, Arc<Generations>>,
+}
+
+#[derive(Debug, Default)]
+pub struct Generations {
+    pub plugins: HashMap<ResourceKey, i64>,
+    pub routes: HashMap<ResourceKey, i64>,
+}
+
+impl Published {
+    /// The generations in `revision`. Older revisions are forgotten: the
+    /// data plane only ever applies the newest config it has seen.
+    pub fn generations(&mut self, revision: u64) -> Option<Arc<Generations>> {
+        self.by_revision.retain(|r, _| *r >= revision);
+        self.by_revision.get(&revision).cloned()
+    }
+}
+
+/// Which watch an event came from.
+#[derive(Clone, Copy)]
+enum Kind {
+    Plugins = 0,
+    Routes = 1,
+    Secrets = 2,
+}
+
+/// A watch saw a change (`ready` once its first list is complete).
+struct Change {
+    kind: Kind,
+    listed: bool,
+}
+
+pub struct Feed {
+    pub stores: Stores,
+    changes: BoxStream<'static, Change>,
+}
+
+impl Feed {
+    /// Starts nothing yet: the watches run while [`Feed::run`] polls them.
+    pub fn new(client: &Client, namespace: Option<&str>) -> Feed {
+        let (plugins, plugin_changes) = reflect::<GatewayPlugin>(api(client, namespace), Kind::Plugins);
+        let (routes, route_changes) = reflect::<AIModelRoute>(api(client, namespace), Kind::Routes);
+        let (secrets, secret_changes) = reflect::<Secret>(api(client, namespace), Kind::Secrets);
+        let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
+        Feed { stores: Stores { plugins, routes, secrets }, changes }
+    }
+
+    /// Publishes the desired config once every watch has listed, then after
+    /// every change that alters it. `changed` ticks on each publish, for
+    /// the status controllers (a Secret may have appeared). Runs until the
+    /// data plane goes away.
+    pub async fn run(
+        mut self,
+        updates: watch::Sender<Option<ConfigUpdate>>,
+        published: Arc<Mutex<Published>>,
+        changed: watch::Sender<u64>,
+    ) {
+        let mut listed = [false; 3];
+        let mut translator = Translator::default();
+        loop {
+            let change = tokio::select! {
+                change = self.changes.next() => change,
+                () = updates.closed() => return,
+            };
+            let Some(change) = change else { return };
+            listed[change.kind as usize] |= change.listed;
+            // A partial view would serve a config with routes missing.
+            if !listed.iter().all(|l| *l) {
+                continue;
+            }
+            // Take every change already waiting: one publish for a burst.
+            while let Some(Some(change)) = self.changes.next().now_or_never() {
+                listed[change.kind as usize] |= change.listed;
+            }
+            let Some((desired, generations)) = translator.next(&self.stores) else { continue };
+            tracing::info!(
+                revision = desired.revision,
+                plugins = desired.plugins.len(),
+                routes = desired.routes.len(),
+                "publishing desired config"
+            );
+            published.lock().expect("published lock").by_revision.insert(desired.revision, Arc::new(generations));
+            if updates.send(Some(ConfigUpdate::Desired(desired))).is_err() {
+                return;
+            }
+            changed.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn reflect<K>(api: Api<K>, kind: Kind) -> (Store<K>, BoxStream<'static, Change>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    <K as Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let events = watcher(api).default_backoff().reflect(writer);
+    (reader, changes(events, kind).boxed())
+}
+
+fn watcher<K>(api: Api<K>) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher::watcher(api, watcher::Config::default())
+}
+
+fn changes<K: Resource>(
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    kind: Kind,
+) -> impl Stream<Item = Change> + Send + 'static {
+    events.filter_map(move |event| {
+        let change = match event {
+            Ok(Event::Apply(_) | Event::Delete(_)) => Some(Change { kind, listed: false }),
+            // The store swaps in a whole new list at InitDone; nothing before it counts.
+            Ok(Event::InitDone) => Some(Change { kind, listed: true }),
+            Ok(Event::Init | Event::InitApply(_)) => None,
+            Err(error) => {
+                // The backoff retries; the store keeps the last list meanwhile.
+                tracing::warn!(%error, "watch failed; retrying");
+                None
+            }
+        };
+        std::future::ready(change)
+    })
+}
+
+/// Turns the watches' contents into desired configs, keeping each
+/// resource's last good declaration: a resource whose new generation is
+/// invalid or refers to something missing goes on being served as it was.
+#[derive(Default)]
+struct Translator {
+    revision: u64,
+    plugins: HashMap<ResourceKey, (i64, PluginDecl)>,
+    routes: HashMap<ResourceKey, (i64, RouteDecl)>,
+    last: Option<(Vec<PluginDecl>, Vec<RouteDecl>)>,
+}
+
+impl Translator {
+    /// The next desired config, or `None` if nothing the data plane sees has changed.
+    fn next(&mut self, stores: &Stores) -> Option<(DesiredConfig, Generations)> {
+        let mut generations = Generations::default();
+        let plugin_objects = stores.plugins.state();
+        let mut present = HashMap::new();
+        for object in &plugin_objects {
+            let key = object.key();
+            present.insert(key.clone(), ());
+            if let Ok(decl) = translate::plugin(object, &stores.secrets) {
+                self.plugins.insert(key, (generation(object.meta()), decl));
+            }
+        }
+        self.plugins.retain(|key, _| present.contains_key(key));
+        let mut plugins: Vec<PluginDecl> = self.plugins.values().map(|(_, d)| d.clone()).collect();
+        plugins.sort_by(|a, b| a.key.cmp(&b.key));
+        for (key, (generation, _)) in &self.plugins {
+            generations.plugins.insert(key.clone(), *generation);
+        }
+
+        let route_objects = stores.routes.state();
+        let mut present = HashMap::new();
+        for object in &route_objects {
+            let key = object.key();
+            present.insert(key.clone(), object.clone());
+            let exists = |plugin: &ResourceKey| self.plugins.contains_key(plugin);
+            if let Ok(decl) = translate::route(object, &stores.secrets, exists) {
+                self.routes.insert(key, (generation(object.meta()), decl));
+            }
+        }
+        self.routes.retain(|key, _| present.contains_key(key));
+        let candidates: Vec<(&AIModelRoute, &RouteDecl)> =
+            self.routes.iter().map(|(key, (_, decl))| (present[key].as_ref(), decl)).collect();
+        let conflicts = translate::model_conflicts(&candidates);
+        let mut routes: Vec<RouteDecl> =
+            self.routes.values().filter(|(_, d)| !conflicts.contains_key(&d.key)).map(|(_, d)| d.clone()).collect();
+        routes.sort_by(|a, b| a.key.cmp(&b.key));
+        for (key, (generation, _)) in &self.routes {
+            if !conflicts.contains_key(key) {
+                generations.routes.insert(key.clone(), *generation);
+            }
+        }
+
+        if self.last.as_ref() == Some(&(plugins.clone(), routes.clone())) {
+            return None;
+        }
+        self.last = Some((plugins.clone(), routes.clone()));
+        self.revision += 1;
+        Some((DesiredConfig { revision: self.revision, plugins, routes }, generations))
+    }
+}
+
+pub fn generation(meta: &kube::api::ObjectMeta) -> i64 {
+    meta.generation.unwrap_or(0)
+}

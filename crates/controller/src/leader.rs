@@ -1,0 +1,104 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, the way client-go's
+//! leaderelection does it: take the Lease when it is free or its holder has
+//! not renewed it for a whole lease duration, renew it while leading, and
+//! write with the read `resourceVersion` so two candidates cannot both win.
+//!
+//! Hand-written (about a hundred lines) because no maintained crate supports
+//! kube 5 yet. Expiry is judged by when this process last saw the Lease
+//! change, not by the timestamp written in it, so clock skew between nodes
+//! does not matter.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+pub struct Elector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+    /// The Lease as last seen (its resourceVersion) and when it was seen to change.
+    observed: Option<(String, Instant)>,
+}
+
+impl Elector {
+    pub fn new(client: Client, namespace: &str, name: &str, identity: &str, duration: Duration) -> Elector {
+        Elector {
+            api: Api::namespaced(client, namespace),
+            name: name.to_string(),
+            identity: identity.to_string(),
+            duration,
+            observed: None,
+        }
+    }
+
+    /// Takes or renews the Lease; whether this replica leads now.
+    pub async fn try_lead(&mut self) -> Result<bool, kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(self.duration.as_secs() as i32),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return self.write(self.api.create(&PostParams::default(), &lease).await);
+        };
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        let seen_change = match &self.observed {
+            Some((known, at)) if *known == version => *at,
+            _ => Instant::now(),
+        };
+        self.observed = Some((version, seen_change));
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let mine = holder.as_deref() == Some(self.identity.as_str());
+        let expired = seen_change.elapsed() >= self.duration;
+        if !(mine || holder.is_none() || expired) {
+            return Ok(false);
+        }
+        if !mine {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.holder_identity = Some(self.identity.clone());
+        }
+        spec.lease_duration_seconds = Some(self.duration.as_secs() as i32);
+        spec.renew_time = Some(now);
+        // `replace` sends the resourceVersion read above: a concurrent writer makes it fail with 409.
+        self.write(self.api.replace(&self.name, &PostParams::default(), &lease).await)
+    }
+
+    fn write(&mut self, result: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+        match result {
+            Ok(lease) => {
+                self.observed = Some((lease.metadata.resource_version.unwrap_or_default(), Instant::now()));
+                Ok(true)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Gives the Lease up on shutdown, so another replica takes over without
+    /// waiting for it to expire.
+    pub async fn release(&mut self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
+        let Some(spec) = lease.spec.as_mut() else { return };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        if let Err(error) = self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            tracing::debug!(%error, "releasing the leader Lease");
+        }
+    }
+}

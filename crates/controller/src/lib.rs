@@ -1,0 +1,133 @@
+//! Sluice on Kubernetes. Every replica:
+//! - watches GatewayPlugins, AIModelRoutes and Secrets, and feeds the data
+//!   plane the whole desired config ([`feed`]);
+//! - reports what it serves in a Lease of its own ([`replica`]).
+//!
+//! The replica holding the leader Lease ([`leader`]) also runs the status
+//! controllers ([`status`]): conditions, the served digest, the per-replica
+//! load count, and Events. The data plane is reached only through channels
+//! of domain types, so this crate knows nothing of wasmtime or hyper.
+
+mod feed;
+mod leader;
+mod replica;
+mod status;
+mod translate;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use sluice_core::{ConfigUpdate, LoadReport};
+use tokio::sync::watch;
+
+pub use translate::set_pointer;
+
+/// The leader Lease's name, in the lease namespace.
+pub const LEADER_LEASE: &str = "sluice-gateway-leader";
+const LEADER_LEASE_DURATION: Duration = Duration::from_secs(15);
+const LEADER_RENEW_EVERY: Duration = Duration::from_secs(4);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl Error {
+    /// A short, fixed label for logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(_)) => "api_error",
+            Error::Kube(_) => "client_error",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Watch this namespace only; `None` watches all.
+    pub namespace: Option<String>,
+    /// Where the leader Lease and the replicas' report Leases live.
+    pub lease_namespace: String,
+    /// This replica's identity (its pod name).
+    pub replica: String,
+}
+
+/// Runs until `shutdown`, then gives up the lead and withdraws this
+/// replica's report.
+pub async fn run(
+    client: Client,
+    options: Options,
+    updates: watch::Sender<Option<ConfigUpdate>>,
+    reports: watch::Receiver<Arc<LoadReport>>,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let feed = feed::Feed::new(&client, options.namespace.as_deref());
+    let stores = feed.stores.clone();
+    let published = Arc::new(Mutex::new(feed::Published::default()));
+    let (changed_tx, changed_rx) = watch::channel(0u64);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let feed_task = tokio::spawn(feed.run(updates, published.clone(), changed_tx));
+    let heartbeat = tokio::spawn(replica::heartbeat(
+        client.clone(),
+        options.lease_namespace.clone(),
+        options.replica.clone(),
+        reports,
+        published,
+        stopped(stop_rx.clone()),
+    ));
+
+    let mut elector =
+        leader::Elector::new(client.clone(), &options.lease_namespace, LEADER_LEASE, &options.replica, LEADER_LEASE_DURATION);
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: "sluice-gateway".into(), instance: Some(options.replica.clone()) });
+    let mut leading: Option<tokio::task::JoinHandle<()>> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let lead = match elector.try_lead().await {
+            Ok(lead) => lead,
+            Err(error) => {
+                // Unable to renew: stop writing status rather than risk two writers.
+                tracing::warn!(%error, "leader election failed");
+                false
+            }
+        };
+        match (lead, &leading) {
+            (true, None) => {
+                tracing::info!(replica = %options.replica, "leading: writing status");
+                leading = Some(tokio::spawn(status::run(
+                    client.clone(),
+                    options.namespace.clone(),
+                    options.lease_namespace.clone(),
+                    stores.clone(),
+                    recorder.clone(),
+                    changed_rx.clone(),
+                )));
+            }
+            (false, Some(task)) => {
+                tracing::info!(replica = %options.replica, "no longer leading");
+                task.abort();
+                leading = None;
+            }
+            _ => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(LEADER_RENEW_EVERY) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    if let Some(task) = leading {
+        task.abort();
+        elector.release().await;
+    }
+    let _ = stop_tx.send(true);
+    let _ = heartbeat.await;
+    feed_task.abort();
+}

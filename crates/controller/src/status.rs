@@ -1,0 +1,405 @@
+//! Status, written only by the leader: `Controller::new(..).run(reconcile,
+//! error_policy, ctx)` per kind, in the controller-rs style. A reconcile
+//! computes the conditions from the object, the Secrets and every live
+//! replica's load report, applies the status with one field manager when it
+//! differs, and records an Event on each transition.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, ReplicaStatus};
+use tokio::sync::watch;
+
+use crate::Error;
+use crate::feed::{Stores, generation};
+use crate::replica::{self, Entry, ReplicaReport};
+use crate::translate::{self, Problem};
+
+pub const FIELD_MANAGER: &str = "sluice-gateway";
+/// Re-check even with no event: a replica whose Lease expires changes `loaded`.
+const RESYNC: Duration = Duration::from_secs(30);
+
+pub struct Context {
+    pub client: Client,
+    pub stores: Stores,
+    pub replicas: Store<Lease>,
+    pub recorder: Recorder,
+    /// Consecutive failures per object, for the error backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Runs both status controllers until dropped (on losing the lead).
+/// `changed` ticks when the desired config is republished, so conditions
+/// that depend on other objects (a Secret appearing) are recomputed.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    lease_namespace: String,
+    stores: Stores,
+    recorder: Recorder,
+    changed: watch::Receiver<u64>,
+) {
+    // Replica reports: every change to one re-reconciles everything.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
+    let selector = format!("{}={}", replica::ROLE_LABEL, replica::ROLE_REPLICA);
+    let (replicas, writer) = kube::runtime::reflector::store();
+    let (reports_tx, reports_rx) = watch::channel(0u64);
+    let mut last_annotations = HashMap::new();
+    let report_watch = watcher::watcher(leases, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .for_each(move |lease| {
+            // Renewals alone change nothing the leader writes.
+            if let Ok(lease) = lease {
+                let report = lease.annotations().get(replica::REPORT_ANNOTATION).cloned();
+                if last_annotations.insert(lease.name_any(), report.clone()) != Some(report) {
+                    reports_tx.send_modify(|n| *n += 1);
+                }
+            }
+            std::future::ready(())
+        });
+
+    // A new leader's first statuses must not count replicas or Secrets it has not listed yet.
+    let listed = {
+        let (replicas, stores) = (replicas.clone(), stores.clone());
+        async move {
+            let _ = replicas.wait_until_ready().await;
+            let _ = stores.plugins.wait_until_ready().await;
+            let _ = stores.routes.wait_until_ready().await;
+            let _ = stores.secrets.wait_until_ready().await;
+        }
+    };
+    let ctx = Arc::new(Context { client: client.clone(), stores, replicas, recorder, failures: Mutex::default() });
+    let plugins = Controller::new(api::<GatewayPlugin>(&client, namespace.as_deref()), watcher::Config::default())
+        .reconcile_all_on(ticks(changed.clone()))
+        .reconcile_all_on(ticks(reports_rx.clone()))
+        .run(reconcile_plugin, error_policy, ctx.clone())
+        .for_each(log_outcome);
+    let routes = Controller::new(api::<AIModelRoute>(&client, namespace.as_deref()), watcher::Config::default())
+        .reconcile_all_on(ticks(changed))
+        .reconcile_all_on(ticks(reports_rx))
+        .run(reconcile_route, error_policy, ctx)
+        .for_each(log_outcome);
+    let controllers = async move {
+        listed.await;
+        tokio::join!(plugins, routes);
+    };
+    tokio::join!(report_watch, controllers);
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn ticks(rx: watch::Receiver<u64>) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) })
+}
+
+async fn log_outcome<K: std::fmt::Debug, E: std::fmt::Display>(
+    outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, kube::runtime::watcher::Error>>,
+) where
+    K: Resource,
+{
+    match outcome {
+        Ok((object, _)) => tracing::debug!(%object, "status reconciled"),
+        // A deleted object has nothing left to report on.
+        Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+        Err(error) => tracing::warn!(%error, "status reconcile failed"),
+    }
+}
+
+fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = format!("{}/{}", object.meta().namespace.clone().unwrap_or_default(), object.meta().name.clone().unwrap_or_default());
+    let mut failures = ctx.failures.lock().expect("failures lock");
+    let count = failures.entry(key.clone()).or_insert(0);
+    *count = (*count + 1).min(8);
+    // 1 s doubling to about 4 minutes.
+    let delay = Duration::from_secs(1 << (*count - 1).min(8));
+    tracing::warn!(object = %key, %error, kind = error.metric_label(), retry_in = ?delay, "writing status failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = plugin.key();
+    let generation = generation(&plugin.metadata);
+    let problem = translate::plugin(&plugin, &ctx.stores.secrets).err();
+    let replicas = ctx.live_reports();
+    let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation);
+    let (conditions, loaded) = conditions(problem.as_ref(), &views, generation, plugin.status.as_ref().map(|s| &s.conditions[..]));
+    // The module served for this generation, or else the last good one.
+    let digest = views
+        .iter()
+        .find(|v| v.ready)
+        .or_else(|| views.iter().find(|v| v.digest.is_some()))
+        .and_then(|v| v.digest.clone())
+        .or_else(|| plugin.status.as_ref().and_then(|s| s.digest.clone()));
+    let status = GatewayPluginStatus {
+        observed_generation: Some(generation),
+        conditions,
+        short_digest: digest.as_deref().map(|d| d.trim_start_matches("sha256:").chars().take(12).collect()),
+        digest,
+        loaded: Some(loaded),
+        replicas: views,
+    };
+    let old = plugin.status.clone().unwrap_or_default();
+    if old != status {
+        let api: Api<GatewayPlugin> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        apply_status(&api, &key.name, "GatewayPlugin", &status).await?;
+        let swapped = match (&old.digest, &status.digest) {
+            (Some(before), Some(after)) if before != after && ready(&status.conditions) == Some(true) => {
+                Some(format!("now serving {after} (was {before}) on {}", status.loaded.as_deref().unwrap_or("?")))
+            }
+            _ => None,
+        };
+        ctx.transition_events(&*plugin, &old.conditions, &status.conditions, swapped).await;
+    }
+    ctx.succeeded(&key.to_string());
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = route.key();
+    let generation = generation(&route.metadata);
+    let plugin_exists = |plugin: &sluice_core::ResourceKey| {
+        ctx.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
+    };
+    let problem = match translate::route(&route, &ctx.stores.secrets, plugin_exists) {
+        Err(problem) => Some(problem),
+        Ok(decl) => {
+            // Conflicts are decided over every valid route, as the feed does.
+            let all = ctx.stores.routes.state();
+            let decls: Vec<_> = all
+                .iter()
+                .filter(|r| r.key() != key)
+                .filter_map(|r| translate::route(r, &ctx.stores.secrets, plugin_exists).ok().map(|d| (r.as_ref(), d)))
+                .collect();
+            let mut pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
+            pairs.push((&*route, &decl));
+            translate::model_conflicts(&pairs).remove(&key)
+        }
+    };
+    let replicas = ctx.live_reports();
+    let views = views(&replicas, |report| report.routes.get(&key.to_string()), generation);
+    let (conditions, loaded) = conditions(problem.as_ref(), &views, generation, route.status.as_ref().map(|s| &s.conditions[..]));
+    let status = AIModelRouteStatus { observed_generation: Some(generation), conditions, loaded: Some(loaded), replicas: views };
+    let old = route.status.clone().unwrap_or_default();
+    if old != status {
+        let api: Api<AIModelRoute> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        apply_status(&api, &key.name, "AIModelRoute", &status).await?;
+        ctx.transition_events(&*route, &old.conditions, &status.conditions, None).await;
+    }
+    ctx.succeeded(&key.to_string());
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn apply_status<K, S>(api: &Api<K>, name: &str, kind: &str, status: &S) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: serde::Serialize,
+{
+    let patch = serde_json::json!({ "apiVersion": sluice_api::API_VERSION, "kind": kind, "status": status });
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+impl Context {
+    fn live_reports(&self) -> BTreeMap<String, ReplicaReport> {
+        replica::live_reports(&self.replicas.state(), Timestamp::now())
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("failures lock").remove(key);
+    }
+
+    /// Events on the transitions of `Ready`, and on a module swap.
+    async fn transition_events<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        before: &[Condition],
+        after: &[Condition],
+        swapped: Option<String>,
+    ) {
+        let mut events = Vec::new();
+        let old = before.iter().find(|c| c.type_ == "Ready");
+        if let Some(new) = after.iter().find(|c| c.type_ == "Ready")
+            && old.map(|c| (&c.status, &c.reason)) != Some((&new.status, &new.reason))
+        {
+            let type_ = if new.status == "False" { EventType::Warning } else { EventType::Normal };
+            if new.status != "Unknown" {
+                events.push((type_, new.reason.clone(), new.message.clone()));
+            }
+        }
+        if let Some(note) = swapped {
+            events.push((EventType::Normal, "Swapped".to_string(), note));
+        }
+        let reference = object.object_ref(&());
+        for (type_, reason, note) in events {
+            let event = Event { type_, reason, note: Some(note), action: "Reconcile".into(), secondary: None };
+            if let Err(error) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, "recording an Event");
+            }
+        }
+    }
+}
+
+/// Each live replica's view of one resource at `generation`.
+fn views<'a>(
+    replicas: &'a BTreeMap<String, ReplicaReport>,
+    entry: impl Fn(&'a ReplicaReport) -> Option<&'a Entry>,
+    generation: i64,
+) -> Vec<ReplicaStatus> {
+    replicas
+        .iter()
+        .map(|(name, report)| match entry(report) {
+            Some(entry) => ReplicaStatus {
+                name: name.clone(),
+                generation: Some(entry.generation),
+                ready: entry.state.ready && entry.generation == generation,
+                digest: entry.state.digest.clone(),
+                reason: entry.state.reason.clone(),
+                message: entry.state.error.clone(),
+            },
+            None => ReplicaStatus {
+                name: name.clone(),
+                reason: Some("Pending".into()),
+                message: Some("not loaded yet".into()),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+fn ready(conditions: &[Condition]) -> Option<bool> {
+    conditions.iter().find(|c| c.type_ == "Ready").map(|c| c.status == "True")
+}
+
+/// `Accepted`, `ResolvedRefs` and `Ready`, and the `loaded` count.
+fn conditions(
+    problem: Option<&Problem>,
+    views: &[ReplicaStatus],
+    generation: i64,
+    old: Option<&[Condition]>,
+) -> (Vec<Condition>, String) {
+    let loaded_count = views.iter().filter(|v| v.ready).count();
+    let loaded = format!("{loaded_count}/{}", views.len());
+    let accepted = match problem {
+        Some(p) if p.condition == translate::Condition::Accepted => ("False", p.reason, p.message.clone()),
+        _ => ("True", "Accepted", "the spec is valid".to_string()),
+    };
+    let resolved = match problem {
+        Some(p) if p.condition == translate::Condition::ResolvedRefs => ("False", p.reason, p.message.clone()),
+        Some(_) => ("Unknown", "NotChecked", "references are checked once the spec is accepted".to_string()),
+        None => ("True", "ResolvedRefs", "every referenced object exists".to_string()),
+    };
+    let failing = views.iter().find(|v| v.generation == Some(generation) && !v.ready);
+    let ready: (&str, &str, String) = if let Some(problem) = problem {
+        ("False", problem.reason, format!("{}; the last good version (if any) is still served", problem.message))
+    } else if let Some(failing) = failing {
+        let message = failing.message.clone().unwrap_or_default();
+        let reason = failing.reason.as_deref().unwrap_or("LoadFailed");
+        ("False", reason, format!("replica {}: {message}", failing.name))
+    } else if views.is_empty() {
+        ("Unknown", "NoReplicas", "no gateway replica is reporting".to_string())
+    } else if loaded_count == views.len() {
+        ("True", "Loaded", format!("served by {loaded} replicas"))
+    } else {
+        ("Unknown", "Progressing", format!("served by {loaded} replicas"))
+    };
+    let now = Time(Timestamp::now());
+    let condition = |type_: &str, (status, reason, message): (&str, &str, String)| {
+        // The transition time moves only when the status does.
+        let since = old
+            .and_then(|old| old.iter().find(|c| c.type_ == type_ && c.status == status))
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.clone());
+        Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: Some(generation),
+            last_transition_time: since,
+        }
+    };
+    (
+        vec![condition("Accepted", accepted), condition("ResolvedRefs", resolved), condition("Ready", ready)],
+        loaded,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, generation: i64, ready: bool, message: Option<&str>) -> ReplicaStatus {
+        ReplicaStatus {
+            name: name.into(),
+            generation: Some(generation),
+            ready,
+            digest: None,
+            reason: message.map(|_| "PullFailed".to_string()),
+            message: message.map(str::to_string),
+        }
+    }
+
+    fn status_of<'a>(conditions: &'a [Condition], type_: &str) -> (&'a str, &'a str) {
+        let c = conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (&c.status, &c.reason)
+    }
+
+    #[test]
+    fn ready_needs_every_live_replica_on_this_generation() {
+        let (conds, loaded) = conditions(None, &[view("a", 2, true, None), view("b", 1, false, None)], 2, None);
+        assert_eq!(loaded, "1/2");
+        assert_eq!(status_of(&conds, "Ready"), ("Unknown", "Progressing"));
+        let (conds, loaded) = conditions(None, &[view("a", 2, true, None), view("b", 2, true, None)], 2, None);
+        assert_eq!(loaded, "2/2");
+        assert_eq!(status_of(&conds, "Ready"), ("True", "Loaded"));
+    }
+
+    #[test]
+    fn a_failing_replica_or_a_problem_makes_it_not_ready() {
+        let views = [view("a", 3, false, Some("pulling r/p:2: manifest unknown")), view("b", 3, true, None)];
+        let (conds, _) = conditions(None, &views, 3, None);
+        assert_eq!(status_of(&conds, "Ready"), ("False", "PullFailed"));
+        let problem = Problem { condition: translate::Condition::ResolvedRefs, reason: "SecretNotFound", message: "x".into() };
+        let (conds, _) = conditions(Some(&problem), &views, 3, None);
+        assert_eq!(status_of(&conds, "ResolvedRefs"), ("False", "SecretNotFound"));
+        assert_eq!(status_of(&conds, "Accepted"), ("True", "Accepted"));
+        assert_eq!(status_of(&conds, "Ready"), ("False", "SecretNotFound"));
+    }
+
+    #[test]
+    fn transition_times_move_only_with_the_status() {
+        let views = [view("a", 1, true, None)];
+        let (first, _) = conditions(None, &views, 1, None);
+        let mut old = first.clone();
+        for c in &mut old {
+            c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        let (again, _) = conditions(None, &views, 1, Some(&old));
+        assert!(again.iter().all(|c| c.last_transition_time.0 == Timestamp::UNIX_EPOCH));
+        let (changed, _) = conditions(None, &[view("a", 1, false, Some("trap"))], 1, Some(&old));
+        let ready = changed.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_ne!(ready.last_transition_time.0, Timestamp::UNIX_EPOCH);
+    }
+}

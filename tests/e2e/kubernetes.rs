@@ -1,0 +1,493 @@
+//! Sluice on a real Kubernetes API server (kube-apiserver + etcd built from
+//! the Go module proxy, see tests/harness/kube.rs), driven with real
+//! `kubectl apply`: traffic through applied plugins, status and Events,
+//! zero-error swaps, OCI repoints and bad references, Secrets, apiserver
+//! validation, deletion, two replicas with one status writer, an apiserver
+//! restart, and the deploy/ manifests.
+//!
+//! The tests share one apiserver and isolate by namespace; the restart test
+//! has its own.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_oci::{Reference, RegistryOptions};
+use sluice_tests::{Echo, Gateway, KubeCluster, Options, Registry, eventually, plugin_wasm};
+use tokio::sync::OnceCell;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
+}
+
+fn sha256_of(path: &Path) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap())))
+}
+
+/// The shared cluster with the CRDs installed, and a fresh namespace.
+async fn cluster_with_namespace(name: &str) -> (&'static KubeCluster, String) {
+    static CRDS: OnceCell<()> = OnceCell::const_new();
+    let cluster = KubeCluster::shared().await;
+    CRDS.get_or_init(|| install_crds(cluster)).await;
+    cluster.kubectl_ok(&["create", "namespace", name]).await;
+    (cluster, name.to_string())
+}
+
+async fn install_crds(cluster: &KubeCluster) {
+    let crds = repo_root().join("crds/sluice.dev.yaml");
+    cluster.kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).await;
+    cluster
+        .kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/gatewayplugins.sluice.dev",
+            "crd/aimodelroutes.sluice.dev",
+        ])
+        .await;
+}
+
+fn plugin_yaml(namespace: &str, name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: sluice.dev/v1alpha1\nkind: GatewayPlugin\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n{}",
+        indent(spec)
+    )
+}
+
+fn route_yaml(namespace: &str, name: &str, model: &str, upstream: &str, plugins: &[&str], backend_extra: &str) -> String {
+    let plugins: String = plugins.iter().map(|p| format!("\n  - name: {p}")).collect();
+    format!(
+        "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  models: [{model}]\n  backends:\n  - url: {upstream}\n{}  plugins:{}\n",
+        indent(&indent(backend_extra)),
+        if plugins.is_empty() { " []".to_string() } else { plugins }
+    )
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+/// add-header from plugins/dist, by absolute path (a mounted volume, as Kubernetes would have it).
+fn add_header_spec(value: &str) -> String {
+    format!(
+        "source:\n  file: {}\nconfig:\n  header: x-team\n  value: {value}\n",
+        plugin_wasm("add-header").display()
+    )
+}
+
+async fn get(cluster: &KubeCluster, namespace: &str, kind: &str, name: &str) -> Value {
+    let out = cluster.kubectl_ok(&["get", kind, name, "-n", namespace, "-o", "json"]).await;
+    serde_json::from_str(&out).expect("kubectl get -o json")
+}
+
+fn condition<'a>(object: &'a Value, type_: &str) -> Option<(&'a str, &'a str)> {
+    let conditions = object["status"]["conditions"].as_array()?;
+    let c = conditions.iter().find(|c| c["type"] == type_)?;
+    Some((c["status"].as_str()?, c["reason"].as_str()?))
+}
+
+/// Waits until the object's status is about its current generation and `check` holds.
+async fn wait_status(
+    cluster: &KubeCluster,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    eventually(what, WAIT, async || {
+        let object = get(cluster, namespace, kind, name).await;
+        let current = object["status"]["observedGeneration"] == object["metadata"]["generation"];
+        (current && check(&object)).then_some(object)
+    })
+    .await
+}
+
+async fn team_header(gateway: &Gateway, model: &str) -> Option<String> {
+    let reply = gateway.chat(model, &[]).await;
+    if reply.status != 200 {
+        return None;
+    }
+    reply.echoed()["headers"]["x-team"].as_str().map(str::to_string)
+}
+
+#[tokio::test]
+async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_delete() {
+    let (cluster, ns) = cluster_with_namespace("applied").await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("one"))).await;
+    cluster.apply(&route_yaml(&ns, "chat", "gpt-k8s", &echo.url(), &["add-header"], "")).await;
+    eventually("traffic through the applied plugin", WAIT, async || {
+        (team_header(&gateway, "gpt-k8s").await.as_deref() == Some("one")).then_some(())
+    })
+    .await;
+
+    let digest = sha256_of(&plugin_wasm("add-header"));
+    let plugin = wait_status(cluster, &ns, "gatewayplugin", "add-header", "the plugin to be Ready", |p| {
+        condition(p, "Ready") == Some(("True", "Loaded"))
+    })
+    .await;
+    assert_eq!(plugin["status"]["digest"], digest.as_str());
+    assert_eq!(plugin["status"]["loaded"], "1/1");
+    assert_eq!(plugin["status"]["shortDigest"], &digest["sha256:".len().."sha256:".len() + 12]);
+    assert_eq!(condition(&plugin, "Accepted"), Some(("True", "Accepted")));
+    assert_eq!(condition(&plugin, "ResolvedRefs"), Some(("True", "ResolvedRefs")));
+    assert_eq!(plugin["status"]["replicas"][0]["name"], "replica-a");
+    wait_status(cluster, &ns, "aimodelroute", "chat", "the route to be Ready", |r| {
+        condition(r, "Ready") == Some(("True", "Loaded")) && r["status"]["loaded"] == "1/1"
+    })
+    .await;
+
+    // Printer columns, and an Event for the load.
+    let table = cluster.kubectl_ok(&["get", "gp", "-n", &ns]).await;
+    assert!(table.contains("READY") && table.contains("LOADED") && table.contains(&digest[7..19]), "{table}");
+    let table = cluster.kubectl_ok(&["get", "sluice", "-n", &ns]).await;
+    assert!(table.contains("gatewayplugin.sluice.dev/add-header") && table.contains("aimodelroute.sluice.dev/chat"), "{table}");
+    let events = cluster.kubectl_ok(&["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]).await;
+    let events: Value = serde_json::from_str(&events).unwrap();
+    assert!(
+        events["items"].as_array().unwrap().iter().any(|e| e["reason"] == "Loaded" && e["regarding"]["name"] == "add-header"),
+        "{events:#}"
+    );
+
+    // A config change swaps in under load: every request succeeds.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let url = gateway.url("/v1/chat/completions");
+    let load = tokio::spawn({
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        async move {
+            let client = sluice_tests::Client::http1();
+            while !stop.load(Ordering::Relaxed) {
+                let reply = client.post(&url, sluice_tests::chat_body("gpt-k8s").to_string(), &[]).await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                if reply.status != 200 {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("two"))).await;
+    eventually("the new config to serve", WAIT, async || {
+        (team_header(&gateway, "gpt-k8s").await.as_deref() == Some("two")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    assert!(sent.load(Ordering::Relaxed) > 10, "the load ran");
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed during the swap");
+    wait_status(cluster, &ns, "gatewayplugin", "add-header", "status for generation 2", |p| {
+        p["metadata"]["generation"] == 2 && condition(p, "Ready") == Some(("True", "Loaded"))
+    })
+    .await;
+
+    // Deleting the route takes it out of the data plane.
+    cluster.kubectl_ok(&["delete", "aimodelroute", "chat", "-n", &ns]).await;
+    eventually("the deleted route to be gone", WAIT, async || {
+        (gateway.chat("gpt-k8s", &[]).await.status == 404).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() {
+    let (cluster, ns) = cluster_with_namespace("secrets").await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+
+    let spec = format!(
+        "source:\n  file: {}\nconfig:\n  header: x-team\n  value: placeholder\nconfigFrom:\n- path: /value\n  secretKeyRef: {{name: team, key: header}}\n",
+        plugin_wasm("add-header").display()
+    );
+    cluster.apply(&plugin_yaml(&ns, "add-header", &spec)).await;
+    let backend_key = "apiKeySecretRef: {name: upstream, key: apiKey}\n";
+    cluster.apply(&route_yaml(&ns, "chat", "gpt-secret", &echo.url(), &["add-header"], backend_key)).await;
+
+    // The Secrets do not exist yet: said in status, nothing served.
+    let plugin = wait_status(cluster, &ns, "gatewayplugin", "add-header", "SecretNotFound", |p| {
+        condition(p, "ResolvedRefs") == Some(("False", "SecretNotFound"))
+    })
+    .await;
+    assert_eq!(condition(&plugin, "Ready").map(|c| c.0), Some("False"));
+
+    let secret = |name: &str, key: &str, value: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {ns}\nstringData:\n  {key}: {value}\n")
+    };
+    cluster.apply(&secret("team", "header", "s3cret-one")).await;
+    cluster.apply(&secret("upstream", "apiKey", "sk-upstream-one")).await;
+    eventually("the Secret values to be served", WAIT, async || {
+        let reply = gateway.chat("gpt-secret", &[]).await;
+        let echoed = (reply.status == 200).then(|| reply.echoed())?;
+        (echoed["headers"]["x-team"] == "s3cret-one" && echoed["headers"]["authorization"] == "Bearer sk-upstream-one")
+            .then_some(())
+    })
+    .await;
+    let generation = wait_status(cluster, &ns, "gatewayplugin", "add-header", "Ready", |p| {
+        condition(p, "Ready") == Some(("True", "Loaded"))
+    })
+    .await["metadata"]["generation"]
+        .clone();
+
+    // Rotation: only the Secrets change.
+    cluster.apply(&secret("team", "header", "s3cret-two")).await;
+    cluster.apply(&secret("upstream", "apiKey", "sk-upstream-two")).await;
+    eventually("the rotated values to be served", WAIT, async || {
+        let reply = gateway.chat("gpt-secret", &[]).await;
+        let echoed = (reply.status == 200).then(|| reply.echoed())?;
+        (echoed["headers"]["x-team"] == "s3cret-two" && echoed["headers"]["authorization"] == "Bearer sk-upstream-two")
+            .then_some(())
+    })
+    .await;
+    let plugin = get(cluster, &ns, "gatewayplugin", "add-header").await;
+    assert_eq!(plugin["metadata"]["generation"], generation, "the GatewayPlugin itself did not change");
+
+    // Secret values never reach status or the log.
+    let route = get(cluster, &ns, "aimodelroute", "chat").await;
+    for text in [plugin["status"].to_string(), route["status"].to_string(), gateway.log()] {
+        assert!(!text.contains("s3cret") && !text.contains("sk-upstream"), "a Secret value leaked: {text}");
+    }
+}
+
+/// Pushes a built plugin to `reference`.
+async fn push(module: &str, reference: &str) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let client = sluice_oci::Registry::new(RegistryOptions::new(scratch.path().join("cache"))).unwrap();
+    let bytes = std::fs::read(plugin_wasm(module)).unwrap();
+    let reference: Reference = reference.parse().unwrap();
+    client.push(bytes, &reference, BTreeMap::new(), None).await.expect("pushing");
+    sha256_of(&plugin_wasm(module))
+}
+
+#[tokio::test]
+async fn oci_repoints_show_the_new_digest_and_bad_references_keep_the_old_version() {
+    let (cluster, ns) = cluster_with_namespace("oci").await;
+    let registry = Registry::start();
+    let echo = Echo::start().await;
+    let v1 = push("chaos", &registry.reference("plugins/p:v1")).await;
+    let v2 = push("probe", &registry.reference("plugins/p:v2")).await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+
+    let oci = |reference: &str, extra: &str| format!("source:\n  oci: {reference}\n{extra}config: {{}}\n");
+    cluster.apply(&plugin_yaml(&ns, "p", &oci(&registry.reference("plugins/p:v1"), ""))).await;
+    cluster.apply(&route_yaml(&ns, "chat", "gpt-oci", &echo.url(), &["p"], "")).await;
+    wait_status(cluster, &ns, "gatewayplugin", "p", "v1 Ready", |p| {
+        condition(p, "Ready") == Some(("True", "Loaded")) && p["status"]["digest"] == v1.as_str()
+    })
+    .await;
+    let probed = async || gateway.chat("gpt-oci", &[]).await.header("x-probe-served").is_some();
+    assert!(!probed().await, "v1 (chaos) serves");
+
+    // Repoint to another tag: status shows the new digest, and it serves.
+    cluster.apply(&plugin_yaml(&ns, "p", &oci(&registry.reference("plugins/p:v2"), ""))).await;
+    wait_status(cluster, &ns, "gatewayplugin", "p", "v2 Ready", |p| {
+        condition(p, "Ready") == Some(("True", "Loaded")) && p["status"]["digest"] == v2.as_str()
+    })
+    .await;
+    assert!(probed().await, "v2 (probe) serves");
+    let events = cluster.kubectl_ok(&["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]).await;
+    assert!(events.contains("Swapped") && events.contains(&v2), "{events}");
+
+    // A wrong pin: Ready=False with the reason, v2 still serves.
+    let wrong = "0".repeat(64);
+    let pinned = oci(&registry.reference("plugins/p:v2"), "").replace("config:", &format!("sha256: \"{wrong}\"\nconfig:"));
+    cluster.apply(&plugin_yaml(&ns, "p", &pinned)).await;
+    let plugin = wait_status(cluster, &ns, "gatewayplugin", "p", "the pin mismatch", |p| {
+        condition(p, "Ready").map(|c| c.0) == Some("False")
+    })
+    .await;
+    assert_eq!(condition(&plugin, "Ready"), Some(("False", "DigestMismatch")));
+    assert_eq!(plugin["status"]["digest"], v2.as_str(), "the last good module is the one served");
+    assert!(probed().await, "the old version still serves");
+
+    // A missing image: the same.
+    cluster.apply(&plugin_yaml(&ns, "p", &oci(&registry.reference("plugins/p:missing"), ""))).await;
+    let plugin = wait_status(cluster, &ns, "gatewayplugin", "p", "the missing image", |p| {
+        condition(p, "Ready").map(|c| c.0) == Some("False")
+    })
+    .await;
+    assert_eq!(condition(&plugin, "Ready"), Some(("False", "PullFailed")));
+    let message = plugin["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()
+        ["message"]
+        .to_string();
+    assert!(message.contains("plugins/p:missing"), "{message}");
+    assert!(probed().await, "the old version still serves");
+}
+
+#[tokio::test]
+async fn invalid_resources_are_rejected_by_the_apiserver() {
+    let (cluster, ns) = cluster_with_namespace("invalid").await;
+    let wasm = plugin_wasm("add-header");
+    let cases = [
+        (format!("source:\n  oci: r.example/p:1\n  file: {}\n", wasm.display()), "set exactly one of source.oci and source.file"),
+        ("source: {}\n".to_string(), "set exactly one of source.oci and source.file"),
+        ("source:\n  oci: r.example/p:1\nsha256: abc\n".to_string(), "spec.sha256"),
+        ("source:\n  oci: r.example/p:1\nphase: Auth\nfailurePolicy: Open\n".to_string(), "must fail closed"),
+        ("source:\n  oci: r.example/p:1\nfailurePolicy: Sometimes\n".to_string(), "Unsupported value"),
+        ("source:\n  oci: r.example/p:1\nconfigFrom:\n- path: nope\n  secretKeyRef: {name: s, key: k}\n".to_string(), "JSON Pointer"),
+    ];
+    for (spec, expected) in cases {
+        let (ok, _, stderr) = cluster_apply_result(cluster, &plugin_yaml(&ns, "bad", &spec)).await;
+        assert!(!ok && stderr.contains(expected), "expected a rejection mentioning `{expected}` for\n{spec}\ngot: {stderr}");
+    }
+    let route = route_yaml(&ns, "bad", "m", "ftp://nope", &[], "");
+    let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
+    assert!(!ok && stderr.contains("spec.backends[0].url"), "{stderr}");
+    let route = route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyEnv: A\napiKeySecretRef: {name: s, key: k}\n");
+    let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
+    assert!(!ok && stderr.contains("set at most one of apiKeyEnv"), "{stderr}");
+    assert!(cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0 == false, "nothing was stored");
+
+    let explained = cluster.kubectl_ok(&["explain", "gatewayplugin.spec.configFrom"]).await;
+    assert!(explained.contains("JSON Pointer"), "{explained}");
+}
+
+async fn cluster_apply_result(cluster: &KubeCluster, yaml: &str) -> (bool, String, String) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), yaml).unwrap();
+    cluster.kubectl_result(&["apply", "-f", file.path().to_str().unwrap()]).await
+}
+
+fn leader_of(lease: &Value) -> String {
+    lease["spec"]["holderIdentity"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn two_replicas_both_serve_and_only_the_leader_writes_status() {
+    let (cluster, ns) = cluster_with_namespace("replicas").await;
+    let echo = Echo::start().await;
+    let mut a = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+    let mut b = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-b", Options::default()).await;
+
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("both"))).await;
+    cluster.apply(&route_yaml(&ns, "chat", "gpt-two", &echo.url(), &["add-header"], "")).await;
+    for gateway in [&a, &b] {
+        eventually("each replica to serve", WAIT, async || {
+            (team_header(gateway, "gpt-two").await.as_deref() == Some("both")).then_some(())
+        })
+        .await;
+    }
+    let plugin = wait_status(cluster, &ns, "gatewayplugin", "add-header", "loaded 2/2", |p| {
+        p["status"]["loaded"] == "2/2" && condition(p, "Ready") == Some(("True", "Loaded"))
+    })
+    .await;
+    let names: Vec<_> = plugin["status"]["replicas"].as_array().unwrap().iter().map(|r| r["name"].clone()).collect();
+    assert_eq!(names, ["replica-a", "replica-b"]);
+
+    // One writer of status: the same field manager, whichever replica leads.
+    let managers: Vec<String> = plugin["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["subresource"] == "status")
+        .map(|m| m["manager"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(managers, ["sluice-gateway"]);
+    let lease = get(cluster, &ns, "lease", "sluice-gateway-leader").await;
+    let leader = leader_of(&lease);
+    assert!(leader == "replica-a" || leader == "replica-b", "{lease:#}");
+
+    // The leader goes away (SIGTERM): the other takes over and counts 1/1.
+    let (gone, stays, other) = if leader == "replica-a" { (&mut a, &b, "replica-b") } else { (&mut b, &a, "replica-a") };
+    gone.terminate();
+    assert!(gone.wait_exit(Duration::from_secs(20)).await.is_some(), "the leader exits on SIGTERM");
+    eventually("the other replica to lead", WAIT, async || {
+        (leader_of(&get(cluster, &ns, "lease", "sluice-gateway-leader").await) == other).then_some(())
+    })
+    .await;
+    wait_status(cluster, &ns, "gatewayplugin", "add-header", "loaded 1/1", |p| p["status"]["loaded"] == "1/1").await;
+    assert_eq!(team_header(stays, "gpt-two").await.as_deref(), Some("both"));
+}
+
+#[tokio::test]
+async fn after_an_apiserver_restart_the_watch_resumes_with_no_stale_config() {
+    // Its own apiserver: the shared one must stay up for the other tests.
+    let cluster = KubeCluster::start().await;
+    install_crds(&cluster).await;
+    let ns = "restart";
+    cluster.kubectl_ok(&["create", "namespace", ns]).await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), ns, "replica-a", Options::default()).await;
+    cluster.apply(&plugin_yaml(ns, "add-header", &add_header_spec("before"))).await;
+    cluster.apply(&route_yaml(ns, "chat", "gpt-restart", &echo.url(), &["add-header"], "")).await;
+    eventually("traffic", WAIT, async || (team_header(&gateway, "gpt-restart").await.as_deref() == Some("before")).then_some(())).await;
+
+    cluster.stop_apiserver().await;
+    // The data plane does not depend on the apiserver being up.
+    for _ in 0..10 {
+        assert_eq!(team_header(&gateway, "gpt-restart").await.as_deref(), Some("before"));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.start_apiserver().await;
+
+    cluster.apply(&plugin_yaml(ns, "add-header", &add_header_spec("after"))).await;
+    eventually("the change made after the restart", WAIT, async || {
+        (team_header(&gateway, "gpt-restart").await.as_deref() == Some("after")).then_some(())
+    })
+    .await;
+    cluster.kubectl_ok(&["delete", "aimodelroute", "chat", "-n", ns]).await;
+    eventually("the route deleted after the restart to be gone", WAIT, async || {
+        (gateway.chat("gpt-restart", &[]).await.status == 404).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
+    let cluster = KubeCluster::shared().await;
+    let deploy = repo_root().join("deploy/kubernetes");
+    let deploy = deploy.to_str().unwrap();
+    // Server-side dry run of everything; namespaced objects need their
+    // namespace to exist, so it alone is created first.
+    cluster.kubectl_ok(&["apply", "--server-side", "-f", &format!("{deploy}/namespace.yaml")]).await;
+    let dry = cluster.kubectl_ok(&["apply", "--server-side", "--dry-run=server", "-k", deploy]).await;
+    for object in ["serviceaccount/sluice-gateway", "role.rbac.authorization.k8s.io/sluice-gateway", "deployment.apps/sluice-gateway", "poddisruptionbudget.policy/sluice-gateway", "service/sluice-gateway"] {
+        assert!(dry.contains(object), "{object} missing from:\n{dry}");
+    }
+    cluster.kubectl_ok(&["apply", "--server-side", "-k", deploy]).await;
+
+    // Least privilege: what the ServiceAccount may and may not do.
+    let sa = "system:serviceaccount:sluice-system:sluice-gateway";
+    let can = async |args: &[&str]| {
+        let mut all = vec!["auth", "can-i", "--as", sa];
+        all.extend_from_slice(args);
+        cluster.kubectl_result(&all).await.1.trim() == "yes"
+    };
+    assert!(can(&["watch", "gatewayplugins.sluice.dev", "-n", "sluice-system"]).await);
+    assert!(can(&["patch", "gatewayplugins.sluice.dev/status", "-n", "sluice-system"]).await);
+    assert!(can(&["list", "secrets", "-n", "sluice-system"]).await);
+    assert!(!can(&["list", "secrets", "-n", "default"]).await, "no Secrets outside its namespace");
+    assert!(!can(&["update", "gatewayplugins.sluice.dev", "-n", "sluice-system"]).await, "no writes to specs");
+    assert!(!can(&["create", "pods", "-n", "sluice-system"]).await);
+    assert!(!can(&["delete", "secrets", "-n", "sluice-system"]).await);
+
+    // A gateway with exactly that ServiceAccount's token serves and writes status.
+    let token = cluster.kubectl_ok(&["create", "token", "sluice-gateway", "-n", "sluice-system"]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("sa.kubeconfig");
+    std::fs::copy(cluster.kubeconfig(), &kubeconfig).unwrap();
+    let kc = kubeconfig.to_str().unwrap();
+    cluster.kubectl_ok(&["--kubeconfig", kc, "config", "set-credentials", "sa", "--token", token.trim()]).await;
+    cluster.kubectl_ok(&["--kubeconfig", kc, "config", "set-context", "--current", "--user", "sa"]).await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(&kubeconfig, "sluice-system", "sa-replica", Options::default()).await;
+    cluster.apply(&plugin_yaml("sluice-system", "add-header", &add_header_spec("rbac"))).await;
+    cluster.apply(&route_yaml("sluice-system", "chat", "gpt-rbac", &echo.url(), &["add-header"], "")).await;
+    eventually("traffic under the deploy RBAC", WAIT, async || {
+        (team_header(&gateway, "gpt-rbac").await.as_deref() == Some("rbac")).then_some(())
+    })
+    .await;
+    wait_status(cluster, "sluice-system", "gatewayplugin", "add-header", "status under the deploy RBAC", |p| {
+        condition(p, "Ready") == Some(("True", "Loaded")) && p["status"]["loaded"] == "1/1"
+    })
+    .await;
+    assert!(!gateway.log().contains("forbidden"), "{}", gateway.log());
+}
