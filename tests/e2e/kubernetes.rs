@@ -344,7 +344,7 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
     let route = route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyEnv: A\napiKeySecretRef: {name: s, key: k}\n");
     let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
     assert!(!ok && stderr.contains("set at most one of apiKeyEnv"), "{stderr}");
-    assert!(cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0 == false, "nothing was stored");
+    assert!(!cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0, "nothing was stored");
 
     let explained = cluster.kubectl_ok(&["explain", "gatewayplugin.spec.configFrom"]).await;
     assert!(explained.contains("JSON Pointer"), "{explained}");
@@ -383,6 +383,8 @@ async fn two_replicas_both_serve_and_only_the_leader_writes_status() {
     assert_eq!(names, ["replica-a", "replica-b"]);
 
     // One writer of status: the same field manager, whichever replica leads.
+    let out = cluster.kubectl_ok(&["get", "gp", "add-header", "-n", &ns, "-o", "json", "--show-managed-fields"]).await;
+    let plugin: Value = serde_json::from_str(&out).unwrap();
     let managers: Vec<String> = plugin["metadata"]["managedFields"]
         .as_array()
         .unwrap()
@@ -462,7 +464,7 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
         cluster.kubectl_result(&all).await.1.trim() == "yes"
     };
     assert!(can(&["watch", "gatewayplugins.sluice.dev", "-n", "sluice-system"]).await);
-    assert!(can(&["patch", "gatewayplugins.sluice.dev/status", "-n", "sluice-system"]).await);
+    assert!(can(&["patch", "gatewayplugins.sluice.dev", "--subresource=status", "-n", "sluice-system"]).await);
     assert!(can(&["list", "secrets", "-n", "sluice-system"]).await);
     assert!(!can(&["list", "secrets", "-n", "default"]).await, "no Secrets outside its namespace");
     assert!(!can(&["update", "gatewayplugins.sluice.dev", "-n", "sluice-system"]).await, "no writes to specs");

@@ -47,7 +47,7 @@ pub struct AIModelRouteSpec {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[x_kube(validation = Rule::new(
-    "[has(self.apiKeyEnv), has(self.apiKeyFile), has(self.apiKeySecretRef)].filter(x, x).size() <= 1"
+    "(has(self.apiKeyEnv) ? 1 : 0) + (has(self.apiKeyFile) ? 1 : 0) + (has(self.apiKeySecretRef) ? 1 : 0) <= 1"
 ).message("set at most one of apiKeyEnv, apiKeyFile and apiKeySecretRef"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackendSpec {
