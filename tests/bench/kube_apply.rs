@@ -33,7 +33,8 @@ async fn served(gateway: &Gateway) -> Option<String> {
 async fn ready_generation(cluster: &KubeCluster) -> Option<i64> {
     let out = cluster.kubectl_ok(&["get", "gp", "add-header", "-n", "bench", "-o", "json"]).await;
     let object: Value = serde_json::from_str(&out).ok()?;
-    let ready = object["status"]["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let ready =
+        object["status"]["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
     ready.then(|| object["status"]["observedGeneration"].as_i64()).flatten()
 }
 
@@ -43,7 +44,14 @@ async fn measure() {
     let cluster_start = started.elapsed();
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/sluice.dev.yaml");
     cluster.kubectl_ok(&["apply", "--server-side", "-f", crds]).await;
-    cluster.kubectl_ok(&["wait", "--for=condition=Established", "crd/gatewayplugins.sluice.dev", "crd/aimodelroutes.sluice.dev"]).await;
+    cluster
+        .kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/gatewayplugins.sluice.dev",
+            "crd/aimodelroutes.sluice.dev",
+        ])
+        .await;
     cluster.kubectl_ok(&["create", "namespace", "bench"]).await;
     let echo = Echo::start().await;
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), "bench", "bench-replica", Options::default()).await;
@@ -82,5 +90,9 @@ async fn measure() {
     println!("| from `kubectl apply` (includes kubectl's own start, {APPLIES} applies) | p50 | p95 |");
     println!("|---|---:|---:|");
     println!("| new config serving | {:.0} ms | {:.0} ms |", pct(&mut serving, 0.5), pct(&mut serving, 0.95));
-    println!("| status Ready for the new generation | {:.0} ms | {:.0} ms |", pct(&mut status, 0.5), pct(&mut status, 0.95));
+    println!(
+        "| status Ready for the new generation | {:.0} ms | {:.0} ms |",
+        pct(&mut status, 0.5),
+        pct(&mut status, 0.95)
+    );
 }

@@ -26,7 +26,9 @@ async fn measure() {
     let scratch = tempfile::tempdir().expect("a scratch dir");
     let client = sluice_oci::Registry::new(RegistryOptions::new(scratch.path().join("push-cache"))).expect("a client");
 
-    println!("| plugin | size | cold start: pull + compile (median of {RUNS}) | warm restart, registry down (median of {RUNS}) |");
+    println!(
+        "| plugin | size | cold start: pull + compile (median of {RUNS}) | warm restart, registry down (median of {RUNS}) |"
+    );
     println!("|---|---|---|---|");
     let mut rows = Vec::new();
     for name in EXAMPLES {

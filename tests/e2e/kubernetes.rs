@@ -60,7 +60,14 @@ fn plugin_yaml(namespace: &str, name: &str, spec: &str) -> String {
     )
 }
 
-fn route_yaml(namespace: &str, name: &str, model: &str, upstream: &str, plugins: &[&str], backend_extra: &str) -> String {
+fn route_yaml(
+    namespace: &str,
+    name: &str,
+    model: &str,
+    upstream: &str,
+    plugins: &[&str],
+    backend_extra: &str,
+) -> String {
     let plugins: String = plugins.iter().map(|p| format!("\n  - name: {p}")).collect();
     format!(
         "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  models: [{model}]\n  backends:\n  - url: {upstream}\n{}  plugins:{}\n",
@@ -75,10 +82,7 @@ fn indent(text: &str) -> String {
 
 /// add-header from plugins/dist, by absolute path (a mounted volume, as Kubernetes would have it).
 fn add_header_spec(value: &str) -> String {
-    format!(
-        "source:\n  file: {}\nconfig:\n  header: x-team\n  value: {value}\n",
-        plugin_wasm("add-header").display()
-    )
+    format!("source:\n  file: {}\nconfig:\n  header: x-team\n  value: {value}\n", plugin_wasm("add-header").display())
 }
 
 async fn get(cluster: &KubeCluster, namespace: &str, kind: &str, name: &str) -> Value {
@@ -150,11 +154,18 @@ async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_d
     let table = cluster.kubectl_ok(&["get", "gp", "-n", &ns]).await;
     assert!(table.contains("READY") && table.contains("LOADED") && table.contains(&digest[7..19]), "{table}");
     let table = cluster.kubectl_ok(&["get", "sluice", "-n", &ns]).await;
-    assert!(table.contains("gatewayplugin.sluice.dev/add-header") && table.contains("aimodelroute.sluice.dev/chat"), "{table}");
+    assert!(
+        table.contains("gatewayplugin.sluice.dev/add-header") && table.contains("aimodelroute.sluice.dev/chat"),
+        "{table}"
+    );
     let events = cluster.kubectl_ok(&["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]).await;
     let events: Value = serde_json::from_str(&events).unwrap();
     assert!(
-        events["items"].as_array().unwrap().iter().any(|e| e["reason"] == "Loaded" && e["regarding"]["name"] == "add-header"),
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "Loaded" && e["regarding"]["name"] == "add-header"),
         "{events:#}"
     );
 
@@ -220,7 +231,9 @@ async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() 
     assert_eq!(condition(&plugin, "Ready").map(|c| c.0), Some("False"));
 
     let secret = |name: &str, key: &str, value: &str| {
-        format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {ns}\nstringData:\n  {key}: {value}\n")
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {ns}\nstringData:\n  {key}: {value}\n"
+        )
     };
     cluster.apply(&secret("team", "header", "s3cret-one")).await;
     cluster.apply(&secret("upstream", "apiKey", "sk-upstream-one")).await;
@@ -298,7 +311,8 @@ async fn oci_repoints_show_the_new_digest_and_bad_references_keep_the_old_versio
 
     // A wrong pin: Ready=False with the reason, v2 still serves.
     let wrong = "0".repeat(64);
-    let pinned = oci(&registry.reference("plugins/p:v2"), "").replace("config:", &format!("sha256: \"{wrong}\"\nconfig:"));
+    let pinned =
+        oci(&registry.reference("plugins/p:v2"), "").replace("config:", &format!("sha256: \"{wrong}\"\nconfig:"));
     cluster.apply(&plugin_yaml(&ns, "p", &pinned)).await;
     let plugin = wait_status(cluster, &ns, "gatewayplugin", "p", "the pin mismatch", |p| {
         condition(p, "Ready").map(|c| c.0) == Some("False")
@@ -315,9 +329,9 @@ async fn oci_repoints_show_the_new_digest_and_bad_references_keep_the_old_versio
     })
     .await;
     assert_eq!(condition(&plugin, "Ready"), Some(("False", "PullFailed")));
-    let message = plugin["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()
-        ["message"]
-        .to_string();
+    let message =
+        plugin["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()["message"]
+            .to_string();
     assert!(message.contains("plugins/p:missing"), "{message}");
     assert!(probed().await, "the old version still serves");
 }
@@ -327,21 +341,31 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
     let (cluster, ns) = cluster_with_namespace("invalid").await;
     let wasm = plugin_wasm("add-header");
     let cases = [
-        (format!("source:\n  oci: r.example/p:1\n  file: {}\n", wasm.display()), "set exactly one of source.oci and source.file"),
+        (
+            format!("source:\n  oci: r.example/p:1\n  file: {}\n", wasm.display()),
+            "set exactly one of source.oci and source.file",
+        ),
         ("source: {}\n".to_string(), "set exactly one of source.oci and source.file"),
         ("source:\n  oci: r.example/p:1\nsha256: abc\n".to_string(), "spec.sha256"),
         ("source:\n  oci: r.example/p:1\nphase: Auth\nfailurePolicy: Open\n".to_string(), "must fail closed"),
         ("source:\n  oci: r.example/p:1\nfailurePolicy: Sometimes\n".to_string(), "Unsupported value"),
-        ("source:\n  oci: r.example/p:1\nconfigFrom:\n- path: nope\n  secretKeyRef: {name: s, key: k}\n".to_string(), "JSON Pointer"),
+        (
+            "source:\n  oci: r.example/p:1\nconfigFrom:\n- path: nope\n  secretKeyRef: {name: s, key: k}\n".to_string(),
+            "JSON Pointer",
+        ),
     ];
     for (spec, expected) in cases {
         let (ok, _, stderr) = cluster_apply_result(cluster, &plugin_yaml(&ns, "bad", &spec)).await;
-        assert!(!ok && stderr.contains(expected), "expected a rejection mentioning `{expected}` for\n{spec}\ngot: {stderr}");
+        assert!(
+            !ok && stderr.contains(expected),
+            "expected a rejection mentioning `{expected}` for\n{spec}\ngot: {stderr}"
+        );
     }
     let route = route_yaml(&ns, "bad", "m", "ftp://nope", &[], "");
     let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
     assert!(!ok && stderr.contains("spec.backends[0].url"), "{stderr}");
-    let route = route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyEnv: A\napiKeySecretRef: {name: s, key: k}\n");
+    let route =
+        route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyEnv: A\napiKeySecretRef: {name: s, key: k}\n");
     let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
     assert!(!ok && stderr.contains("set at most one of apiKeyEnv"), "{stderr}");
     assert!(!cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0, "nothing was stored");
@@ -398,7 +422,8 @@ async fn two_replicas_both_serve_and_only_the_leader_writes_status() {
     assert!(leader == "replica-a" || leader == "replica-b", "{lease:#}");
 
     // The leader goes away (SIGTERM): the other takes over and counts 1/1.
-    let (gone, stays, other) = if leader == "replica-a" { (&mut a, &b, "replica-b") } else { (&mut b, &a, "replica-a") };
+    let (gone, stays, other) =
+        if leader == "replica-a" { (&mut a, &b, "replica-b") } else { (&mut b, &a, "replica-a") };
     gone.terminate();
     assert!(gone.wait_exit(Duration::from_secs(20)).await.is_some(), "the leader exits on SIGTERM");
     eventually("the other replica to lead", WAIT, async || {
@@ -420,7 +445,10 @@ async fn after_an_apiserver_restart_the_watch_resumes_with_no_stale_config() {
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), ns, "replica-a", Options::default()).await;
     cluster.apply(&plugin_yaml(ns, "add-header", &add_header_spec("before"))).await;
     cluster.apply(&route_yaml(ns, "chat", "gpt-restart", &echo.url(), &["add-header"], "")).await;
-    eventually("traffic", WAIT, async || (team_header(&gateway, "gpt-restart").await.as_deref() == Some("before")).then_some(())).await;
+    eventually("traffic", WAIT, async || {
+        (team_header(&gateway, "gpt-restart").await.as_deref() == Some("before")).then_some(())
+    })
+    .await;
 
     cluster.stop_apiserver().await;
     // The data plane does not depend on the apiserver being up.
@@ -451,7 +479,13 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
     // namespace to exist, so it alone is created first.
     cluster.kubectl_ok(&["apply", "--server-side", "-f", &format!("{deploy}/namespace.yaml")]).await;
     let dry = cluster.kubectl_ok(&["apply", "--server-side", "--dry-run=server", "-k", deploy]).await;
-    for object in ["serviceaccount/sluice-gateway", "role.rbac.authorization.k8s.io/sluice-gateway", "deployment.apps/sluice-gateway", "poddisruptionbudget.policy/sluice-gateway", "service/sluice-gateway"] {
+    for object in [
+        "serviceaccount/sluice-gateway",
+        "role.rbac.authorization.k8s.io/sluice-gateway",
+        "deployment.apps/sluice-gateway",
+        "poddisruptionbudget.policy/sluice-gateway",
+        "service/sluice-gateway",
+    ] {
         assert!(dry.contains(object), "{object} missing from:\n{dry}");
     }
     cluster.kubectl_ok(&["apply", "--server-side", "-k", deploy]).await;

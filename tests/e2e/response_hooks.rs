@@ -137,8 +137,7 @@ async fn response_end_sees_the_usage_of_streams_and_whole_bodies() {
     let reply = gateway.chat("gpt-test", &[]).await;
     assert_eq!(reply.status, 200);
     let usage = &reply.json()["usage"];
-    let expected =
-        format!("usage={}/{}/{}", usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]);
+    let expected = format!("usage={}/{}/{}", usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]);
     let line = next_response_end(&gateway, 0).await;
     assert!(line.contains(&expected), "expected {expected} in: {line}");
     assert!(line.contains("streamed=false") && line.contains("completed=true"), "{line}");
@@ -153,8 +152,7 @@ async fn response_end_sees_the_usage_of_streams_and_whole_bodies() {
         .find(|chunk| chunk["usage"].is_object())
         .expect("a usage chunk");
     let usage = &usage_chunk["usage"];
-    let expected =
-        format!("usage={}/{}/{}", usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]);
+    let expected = format!("usage={}/{}/{}", usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]);
     let line = next_response_end(&gateway, 1).await;
     assert!(line.contains(&expected), "expected {expected} in: {line}");
     assert!(line.contains("streamed=true") && line.contains("completed=true"), "{line}");

@@ -54,12 +54,18 @@ impl Gateway {
 
     /// Starts `sluice run --kubernetes`, watching `namespace` only, with its
     /// Leases there too, as replica `replica`.
-    pub async fn start_kubernetes(kubeconfig: &std::path::Path, namespace: &str, replica: &str, options: Options) -> Gateway {
-        let source = ["--kubernetes", "--watch-namespace", namespace, "--lease-namespace", namespace, "--replica-name", replica]
-            .into_iter()
-            .map(std::ffi::OsString::from)
-            .chain(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()])
-            .collect();
+    pub async fn start_kubernetes(
+        kubeconfig: &std::path::Path,
+        namespace: &str,
+        replica: &str,
+        options: Options,
+    ) -> Gateway {
+        let source =
+            ["--kubernetes", "--watch-namespace", namespace, "--lease-namespace", namespace, "--replica-name", replica]
+                .into_iter()
+                .map(std::ffi::OsString::from)
+                .chain(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()])
+                .collect();
         Gateway::start_source(source, options).await
     }
 

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use futures_util::stream::{self, BoxStream};
 use futures_util::{FutureExt as _, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use sluice_api::{AIModelRoute, GatewayPlugin};
@@ -125,7 +125,8 @@ impl Feed {
     }
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+/// The API for `K` in one namespace, or in all.
+pub(crate) fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     <K as Resource>::DynamicType: Default,

@@ -84,10 +84,17 @@ pub async fn run(
         stopped(stop_rx.clone()),
     ));
 
-    let mut elector =
-        leader::Elector::new(client.clone(), &options.lease_namespace, LEADER_LEASE, &options.replica, LEADER_LEASE_DURATION);
-    let recorder =
-        Recorder::new(client.clone(), Reporter { controller: "sluice-gateway".into(), instance: Some(options.replica.clone()) });
+    let mut elector = leader::Elector::new(
+        client.clone(),
+        &options.lease_namespace,
+        LEADER_LEASE,
+        &options.replica,
+        LEADER_LEASE_DURATION,
+    );
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter { controller: "sluice-gateway".into(), instance: Some(options.replica.clone()) },
+    );
     let mut leading: Option<tokio::task::JoinHandle<()>> = None;
     tokio::pin!(shutdown);
     loop {

@@ -51,7 +51,8 @@ pub struct Entry {
 
 impl ReplicaReport {
     fn from_load(load: &LoadReport, generations: &crate::feed::Generations) -> ReplicaReport {
-        let entries = |states: &BTreeMap<ResourceKey, LoadState>, generations: &std::collections::HashMap<ResourceKey, i64>| {
+        let entries = |states: &BTreeMap<ResourceKey, LoadState>,
+                       generations: &std::collections::HashMap<ResourceKey, i64>| {
             states
                 .iter()
                 .filter_map(|(key, state)| {
@@ -68,7 +69,10 @@ impl ReplicaReport {
                 })
                 .collect()
         };
-        ReplicaReport { plugins: entries(&load.plugins, &generations.plugins), routes: entries(&load.routes, &generations.routes) }
+        ReplicaReport {
+            plugins: entries(&load.plugins, &generations.plugins),
+            routes: entries(&load.routes, &generations.routes),
+        }
     }
 }
 
@@ -111,8 +115,11 @@ async fn renew(api: &Api<Lease>, name: &str, replica: &str, report: &ReplicaRepo
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             labels: Some(
-                [(ROLE_LABEL.to_string(), ROLE_REPLICA.to_string()), ("app.kubernetes.io/name".into(), "sluice".into())]
-                    .into(),
+                [
+                    (ROLE_LABEL.to_string(), ROLE_REPLICA.to_string()),
+                    ("app.kubernetes.io/name".into(), "sluice".into()),
+                ]
+                .into(),
             ),
             annotations: Some(
                 [(REPORT_ANNOTATION.to_string(), serde_json::to_string(report).unwrap_or_default())].into(),
@@ -178,10 +185,9 @@ mod tests {
     fn expired_replicas_drop_out_and_reports_round_trip() {
         let now = Timestamp::now();
         let mut report = ReplicaReport::default();
-        report.plugins.insert(
-            "ns/p".into(),
-            Entry { generation: 3, state: LoadState::ready(Some("sha256:ab".into())) },
-        );
+        report
+            .plugins
+            .insert("ns/p".into(), Entry { generation: 3, state: LoadState::ready(Some("sha256:ab".into())) });
         let stale = now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(31)).unwrap();
         let leases = vec![lease("a", now, &report), lease("b", stale, &report)];
         let live = live_reports(&leases, now);
@@ -193,7 +199,8 @@ mod tests {
     fn reports_carry_generations_and_cut_long_errors() {
         let key = ResourceKey::new("ns", "p");
         let mut load = LoadReport { revision: 4, ..Default::default() };
-        load.plugins.insert(key.clone(), LoadState::failed("PullFailed", "é".repeat(400), Some("sha256:old".into()), true));
+        load.plugins
+            .insert(key.clone(), LoadState::failed("PullFailed", "é".repeat(400), Some("sha256:old".into()), true));
         load.plugins.insert(ResourceKey::new("ns", "unpublished"), LoadState::ready(None));
         let mut generations = crate::feed::Generations::default();
         generations.plugins.insert(key, 7);

@@ -22,7 +22,7 @@ use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginS
 use tokio::sync::watch;
 
 use crate::Error;
-use crate::feed::{Stores, generation};
+use crate::feed::{Stores, api, generation};
 use crate::replica::{self, Entry, ReplicaReport};
 use crate::translate::{self, Problem};
 
@@ -99,26 +99,13 @@ pub async fn run(
     tokio::join!(report_watch, controllers);
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as Resource>::DynamicType: Default,
-{
-    match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    }
-}
-
 fn ticks(rx: watch::Receiver<u64>) -> impl futures_util::Stream<Item = ()> + Send + 'static {
     futures_util::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) })
 }
 
-async fn log_outcome<K: std::fmt::Debug, E: std::fmt::Display>(
+async fn log_outcome<K: Resource + std::fmt::Debug, E: std::fmt::Display>(
     outcome: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, kube::runtime::watcher::Error>>,
-) where
-    K: Resource,
-{
+) {
     match outcome {
         Ok((object, _)) => tracing::debug!(%object, "status reconciled"),
         // A deleted object has nothing left to report on.
@@ -128,7 +115,11 @@ async fn log_outcome<K: std::fmt::Debug, E: std::fmt::Display>(
 }
 
 fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = format!("{}/{}", object.meta().namespace.clone().unwrap_or_default(), object.meta().name.clone().unwrap_or_default());
+    let key = format!(
+        "{}/{}",
+        object.meta().namespace.clone().unwrap_or_default(),
+        object.meta().name.clone().unwrap_or_default()
+    );
     let mut failures = ctx.failures.lock().expect("failures lock");
     let count = failures.entry(key.clone()).or_insert(0);
     *count = (*count + 1).min(8);
@@ -144,7 +135,8 @@ async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Resu
     let problem = translate::plugin(&plugin, &ctx.stores.secrets).err();
     let replicas = ctx.live_reports();
     let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation);
-    let (conditions, loaded) = conditions(problem.as_ref(), &views, generation, plugin.status.as_ref().map(|s| &s.conditions[..]));
+    let (conditions, loaded) =
+        conditions(problem.as_ref(), &views, generation, plugin.status.as_ref().map(|s| &s.conditions[..]));
     // The module served for this generation, or else the last good one.
     let digest = views
         .iter()
@@ -199,8 +191,10 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
     };
     let replicas = ctx.live_reports();
     let views = views(&replicas, |report| report.routes.get(&key.to_string()), generation);
-    let (conditions, loaded) = conditions(problem.as_ref(), &views, generation, route.status.as_ref().map(|s| &s.conditions[..]));
-    let status = AIModelRouteStatus { observed_generation: Some(generation), conditions, loaded: Some(loaded), replicas: views };
+    let (conditions, loaded) =
+        conditions(problem.as_ref(), &views, generation, route.status.as_ref().map(|s| &s.conditions[..]));
+    let status =
+        AIModelRouteStatus { observed_generation: Some(generation), conditions, loaded: Some(loaded), replicas: views };
     let old = route.status.clone().unwrap_or_default();
     if old != status {
         let api: Api<AIModelRoute> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -340,10 +334,7 @@ fn conditions(
             last_transition_time: since,
         }
     };
-    (
-        vec![condition("Accepted", accepted), condition("ResolvedRefs", resolved), condition("Ready", ready)],
-        loaded,
-    )
+    (vec![condition("Accepted", accepted), condition("ResolvedRefs", resolved), condition("Ready", ready)], loaded)
 }
 
 #[cfg(test)]
@@ -381,7 +372,8 @@ mod tests {
         let views = [view("a", 3, false, Some("pulling r/p:2: manifest unknown")), view("b", 3, true, None)];
         let (conds, _) = conditions(None, &views, 3, None);
         assert_eq!(status_of(&conds, "Ready"), ("False", "PullFailed"));
-        let problem = Problem { condition: translate::Condition::ResolvedRefs, reason: "SecretNotFound", message: "x".into() };
+        let problem =
+            Problem { condition: translate::Condition::ResolvedRefs, reason: "SecretNotFound", message: "x".into() };
         let (conds, _) = conditions(Some(&problem), &views, 3, None);
         assert_eq!(status_of(&conds, "ResolvedRefs"), ("False", "SecretNotFound"));
         assert_eq!(status_of(&conds, "Accepted"), ("True", "Accepted"));

@@ -65,7 +65,10 @@ pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets) -> Result<PluginDe
                 // serde_json's message names a position, never the content.
                 Problem::unresolved(
                     "InvalidSecretValue",
-                    format!("Secret {}/{} key `{}` is not JSON: {e}", namespace, from.secret_key_ref.name, from.secret_key_ref.key),
+                    format!(
+                        "Secret {}/{} key `{}` is not JSON: {e}",
+                        namespace, from.secret_key_ref.name, from.secret_key_ref.key
+                    ),
                 )
             })?,
         };
@@ -255,7 +258,9 @@ mod tests {
             },
             type_: type_.map(str::to_string),
             data: Some(
-                data.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect::<BTreeMap<_, _>>(),
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
             ),
             ..Default::default()
         })
@@ -289,10 +294,17 @@ mod tests {
             secret("pull", Some("kubernetes.io/basic-auth"), &[("username", "u"), ("password", "pw")]),
         ]);
         let decl = super::plugin(&plugin, &store).unwrap();
-        assert_eq!(decl.config, json!({"jwt": {"issuer": "me", "secret": "hunter2"}, "apiKeys": ["a", "b"], "new/key": "hunter2"}));
-        let PluginSource::Oci { credentials: Some(credentials), .. } = &decl.source else { panic!("{:?}", decl.source) };
+        assert_eq!(
+            decl.config,
+            json!({"jwt": {"issuer": "me", "secret": "hunter2"}, "apiKeys": ["a", "b"], "new/key": "hunter2"})
+        );
+        let PluginSource::Oci { credentials: Some(credentials), .. } = &decl.source else {
+            panic!("{:?}", decl.source)
+        };
         assert!(!format!("{credentials:?}").contains("pw"));
-        assert!(matches!(credentials, RegistryCredentials::Basic { username, password } if username == "u" && password.expose() == "pw"));
+        assert!(
+            matches!(credentials, RegistryCredentials::Basic { username, password } if username == "u" && password.expose() == "pw")
+        );
     }
 
     #[test]
@@ -354,7 +366,8 @@ mod tests {
     fn the_older_route_keeps_a_contested_model() {
         let older = ai_route("b-older", "2026-01-01T00:00:00Z", &["m1"]);
         let newer = ai_route("a-newer", "2026-02-01T00:00:00Z", &["m2", "m1"]);
-        let decls: Vec<_> = [&newer, &older].iter().map(|r| super::route(r, &secrets(&[]), |_| true).unwrap()).collect();
+        let decls: Vec<_> =
+            [&newer, &older].iter().map(|r| super::route(r, &secrets(&[]), |_| true).unwrap()).collect();
         let pairs = vec![(&newer, &decls[0]), (&older, &decls[1])];
         let conflicts = model_conflicts(&pairs);
         assert_eq!(conflicts.len(), 1);

@@ -74,7 +74,10 @@ pub enum PluginSource {
 /// Registry credentials given with a plugin, from a Kubernetes Secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegistryCredentials {
-    Basic { username: String, password: Secret },
+    Basic {
+        username: String,
+        password: Secret,
+    },
     /// A docker `config.json` (a `kubernetes.io/dockerconfigjson` Secret):
     /// the entry for the plugin's registry host is used.
     DockerConfigJson(Secret),
@@ -276,7 +279,11 @@ mod tests {
 
     #[test]
     fn a_model_claimed_twice_is_a_conflict() {
-        let desired = DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])] };
+        let desired = DesiredConfig {
+            revision: 0,
+            plugins: vec![],
+            routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])],
+        };
         let conflicts = desired.conflicts();
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].resource, "AIModelRoute default/b");
@@ -285,7 +292,8 @@ mod tests {
 
     #[test]
     fn distinct_routes_do_not_conflict() {
-        let desired = DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
+        let desired =
+            DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
         assert!(desired.conflicts().is_empty());
     }
 }

@@ -7,8 +7,8 @@ pub mod error;
 pub mod report;
 
 pub use config::{
-    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy,
-    RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
+    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource,
+    PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
 };
-pub use report::{LoadReport, LoadState};
 pub use error::{ApiError, ErrorType};
+pub use report::{LoadReport, LoadState};

@@ -11,8 +11,8 @@ mod proxy;
 mod response;
 mod server;
 mod snapshot;
-mod sse;
 pub mod source;
+mod sse;
 mod upstream;
 
 pub use gateway::{Gateway, Settings};

@@ -155,10 +155,8 @@ pub async fn build(
             }
             Err(message) => match previous_routes.get(&decl.key) {
                 Some(last_good) => {
-                    errors.push(ResourceError::new(
-                        resource,
-                        format!("{message}; still serving its last good version"),
-                    ));
+                    errors
+                        .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
                     route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", message, None, false));
                     routes.push(Arc::clone(last_good));
                 }
@@ -207,7 +205,8 @@ async fn load_plugin(
         return Ok(last.clone());
     }
     let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| {
-        let reason = if matches!(e, sluice_runtime::LoadError::DigestMismatch { .. }) { "DigestMismatch" } else { "LoadFailed" };
+        let reason =
+            if matches!(e, sluice_runtime::LoadError::DigestMismatch { .. }) { "DigestMismatch" } else { "LoadFailed" };
         LoadFailure { reason, ..LoadFailure::permanent(e.to_string()) }
     })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
@@ -228,9 +227,10 @@ async fn pull(
     decl: &PluginDecl,
 ) -> Result<Vec<u8>, LoadFailure> {
     let registry = registry.ok_or_else(|| LoadFailure::permanent("OCI sources need a registry client"))?;
-    let parsed: Reference = reference
-        .parse()
-        .map_err(|e: sluice_oci::OciError| LoadFailure { reason: "InvalidReference", ..LoadFailure::permanent(e.to_string()) })?;
+    let parsed: Reference = reference.parse().map_err(|e: sluice_oci::OciError| LoadFailure {
+        reason: "InvalidReference",
+        ..LoadFailure::permanent(e.to_string())
+    })?;
     let policy = match policy {
         PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
         PullPolicy::Always => sluice_oci::PullPolicy::Always,
@@ -248,7 +248,11 @@ async fn pull(
         }
         Err(error) => Err(LoadFailure {
             transient: error.is_transient(),
-            reason: if matches!(error, sluice_oci::OciError::DigestMismatch { .. }) { "DigestMismatch" } else { "PullFailed" },
+            reason: if matches!(error, sluice_oci::OciError::DigestMismatch { .. }) {
+                "DigestMismatch"
+            } else {
+                "PullFailed"
+            },
             message: format!("pulling {reference}: {error}"),
         }),
     }

@@ -88,7 +88,10 @@ fn explicit(path: &Path, registry: &str) -> Result<RegistryAuth, OciError> {
 /// Credentials handed over in memory, e.g. from a Kubernetes pull Secret.
 #[derive(Clone, PartialEq, Eq)]
 pub enum PullCredentials {
-    Basic { username: String, password: String },
+    Basic {
+        username: String,
+        password: String,
+    },
     /// A docker `config.json` text; the entry for the registry's host is used.
     DockerConfigJson(String),
 }
@@ -105,7 +108,9 @@ impl std::fmt::Debug for PullCredentials {
 impl PullCredentials {
     pub(crate) fn for_registry(&self, registry: &str) -> Result<RegistryAuth, OciError> {
         match self {
-            PullCredentials::Basic { username, password } => Ok(RegistryAuth::Basic(username.clone(), password.clone())),
+            PullCredentials::Basic { username, password } => {
+                Ok(RegistryAuth::Basic(username.clone(), password.clone()))
+            }
             PullCredentials::DockerConfigJson(text) => docker_config_entry(text, registry)
                 .map_err(|reason| OciError::Credentials { path: PathBuf::from("<pull secret>"), reason }),
         }

@@ -166,8 +166,7 @@ impl PluginInstance {
     }
 
     pub async fn response_filter(&mut self, response: &Response) -> Result<ResponseAction, PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_filter(store, response).await)
-            .await
+        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_filter(store, response).await).await
     }
 
     pub async fn response_chunk(&mut self, data: &str) -> Result<ChunkAction, PluginError> {

@@ -232,8 +232,11 @@ mod tests {
     async fn concurrent_loads_of_one_module_compile_it_once() {
         let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
         let bytes = add_header();
-        let (a, b, c) =
-            tokio::join!(runtime.load(bytes.clone(), None), runtime.load(bytes.clone(), None), runtime.load(bytes, None));
+        let (a, b, c) = tokio::join!(
+            runtime.load(bytes.clone(), None),
+            runtime.load(bytes.clone(), None),
+            runtime.load(bytes, None)
+        );
         let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
         assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c), "each load compiled its own copy");
     }

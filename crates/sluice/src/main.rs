@@ -136,8 +136,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // `count-tokens` call would spend its deadline on it.
     let warm_up = tokio::task::spawn_blocking(sluice_runtime::tokens::warm_up);
     let registry = args.registry.registry().context("setting up the OCI registry client")?;
-    let settings =
-        Settings { max_body_bytes: args.max_body_bytes, oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)) };
+    let settings = Settings {
+        max_body_bytes: args.max_body_bytes,
+        oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)),
+    };
     let gateway = Gateway::new(runtime, Some(registry), settings)?;
 
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
@@ -162,8 +164,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             };
             tracing::info!(listen = %args.listen, admin = %args.admin, namespace = options.namespace.as_deref().unwrap_or("(all)"), replica = %options.replica, "sluice starting on Kubernetes");
             let reports = gateway.load_reports();
-            controller =
-                Some(tokio::spawn(sluice_controller::run(client, options, updates_tx, reports, stopped(stop_rx.clone()))));
+            controller = Some(tokio::spawn(sluice_controller::run(
+                client,
+                options,
+                updates_tx,
+                reports,
+                stopped(stop_rx.clone()),
+            )));
         }
     }
     let following = gateway.clone();
