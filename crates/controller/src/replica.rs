@@ -199,8 +199,7 @@ mod tests {
     fn reports_carry_generations_and_cut_long_errors() {
         let key = ResourceKey::new("ns", "p");
         let mut load = LoadReport { revision: 4, ..Default::default() };
-        load.plugins
-            .insert(key.clone(), LoadState::failed("PullFailed", "é".repeat(400), Some("sha256:old".into()), true));
+        load.plugins.insert(key.clone(), LoadState::failed("PullFailed", "é".repeat(400), Some("sha256:old".into())));
         load.plugins.insert(ResourceKey::new("ns", "unpublished"), LoadState::ready(None));
         let mut generations = crate::feed::Generations::default();
         generations.plugins.insert(key, 7);

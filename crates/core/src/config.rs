@@ -83,9 +83,9 @@ pub enum RegistryCredentials {
     DockerConfigJson(Secret),
 }
 
-/// A value from a Secret. It never prints: `Debug` and `Display` show a
-/// placeholder, so a secret cannot reach a log line or a status message by
-/// accident.
+/// A value from a Secret. It never prints: `Debug` shows a placeholder and
+/// there is no `Display`, so a secret cannot reach a log line or a status
+/// message by accident.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 

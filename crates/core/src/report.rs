@@ -32,18 +32,14 @@ pub struct LoadState {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// The failure may pass by itself (an unreachable registry); the data
-    /// plane is retrying.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub transient: bool,
 }
 
 impl LoadState {
     pub fn ready(digest: Option<String>) -> Self {
-        Self { ready: true, digest, reason: None, error: None, transient: false }
+        Self { ready: true, digest, reason: None, error: None }
     }
 
-    pub fn failed(reason: &str, error: impl Into<String>, serving: Option<String>, transient: bool) -> Self {
-        Self { ready: false, digest: serving, reason: Some(reason.to_string()), error: Some(error.into()), transient }
+    pub fn failed(reason: &str, error: impl Into<String>, serving: Option<String>) -> Self {
+        Self { ready: false, digest: serving, reason: Some(reason.to_string()), error: Some(error.into()) }
     }
 }

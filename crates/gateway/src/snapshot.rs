@@ -124,12 +124,11 @@ pub async fn build(
                             resource,
                             format!("{message}; still serving the last good version {digest}"),
                         ));
-                        plugin_states
-                            .insert(decl.key.clone(), LoadState::failed(reason, message, Some(digest), transient));
+                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, message, Some(digest)));
                         plugins.insert(decl.key.clone(), last_good.clone());
                     }
                     None => {
-                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, &message, None, transient));
+                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
                         errors.push(ResourceError::new(resource, message));
                     }
                 }
@@ -145,7 +144,7 @@ pub async fn build(
     for decl in &desired.routes {
         let resource = format!("AIModelRoute {}", decl.key);
         if let Some(conflict) = conflicts.iter().find(|c| c.resource == resource) {
-            route_states.insert(decl.key.clone(), LoadState::failed("ModelConflict", &conflict.message, None, false));
+            route_states.insert(decl.key.clone(), LoadState::failed("ModelConflict", &conflict.message, None));
             continue;
         }
         match build_route(decl, &plugins) {
@@ -157,11 +156,11 @@ pub async fn build(
                 Some(last_good) => {
                     errors
                         .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
-                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", message, None, false));
+                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", message, None));
                     routes.push(Arc::clone(last_good));
                 }
                 None => {
-                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", &message, None, false));
+                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", &message, None));
                     errors.push(ResourceError::new(resource, message));
                 }
             },
