@@ -95,6 +95,7 @@ pub fn ensure() -> Result<PathBuf> {
         fs::rename(&built, bin.join(name)).with_context(|| format!("cannot move {} into place", built.display()))?;
     }
     fs::remove_dir_all(&staging).ok();
+    fs::remove_dir_all(go_build_cache(&root)).ok();
     println!("built kube-apiserver, kubectl and etcd in {:.0?} into {}", started.elapsed(), bin.display());
     Ok(bin)
 }
@@ -112,16 +113,25 @@ fn find_go() -> Result<PathBuf> {
 }
 
 /// A `go` command for the module in `dir`: the local toolchain only,
-/// dependencies resolved from go.mod, and static binaries (no C compiler;
-/// Kubernetes' own release builds use CGO_ENABLED=0 too).
-fn go_command(go: &Path, dir: &Path) -> Command {
+/// dependencies resolved from go.mod, static binaries (no C compiler;
+/// Kubernetes' own release builds use CGO_ENABLED=0 too), and the build
+/// cache under the cache `root`.
+fn go_command(go: &Path, dir: &Path, root: &Path) -> Command {
     let mut cmd = Command::new(go);
     cmd.current_dir(dir)
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-mod=mod -buildvcs=false")
         .env("GOWORK", "off")
-        .env("CGO_ENABLED", "0");
+        .env("CGO_ENABLED", "0")
+        .env("GOCACHE", go_build_cache(root));
     cmd
+}
+
+/// The Go build cache for these builds: its own directory in the cache root,
+/// removed once the binaries are in place. Kubernetes' build cache is several
+/// GB, and nothing reuses it once the binaries are cached.
+fn go_build_cache(root: &Path) -> PathBuf {
+    root.join("go-build")
 }
 
 /// `go build -trimpath`: no local paths in the binaries.
@@ -155,7 +165,7 @@ fn build_kubernetes(go: &Path, module: &Path, staging: &Path, root: &Path) -> Re
     fs::create_dir_all(module)?;
     // Kubernetes' go.mod, for its Go version and its list of staging modules.
     let download = output(
-        go_command(go, module)
+        go_command(go, module, root)
             .env("GOFLAGS", "-mod=mod")
             .args(["mod", "download", "-json"])
             .arg(format!("k8s.io/kubernetes@{KUBERNETES_VERSION}")),
@@ -174,12 +184,12 @@ fn build_kubernetes(go: &Path, module: &Path, staging: &Path, root: &Path) -> Re
         ),
     )?;
     let started = Instant::now();
-    run_logged(go_command(go, module).args(["mod", "tidy"]), &log)?;
+    run_logged(go_command(go, module, root).args(["mod", "tidy"]), &log)?;
     println!("kubernetes: `go mod tidy` took {:.0?}", started.elapsed());
     let started = Instant::now();
     // `-o DIR/` with several packages writes one binary per package.
     run_logged(
-        go_command(go, module)
+        go_command(go, module, root)
             .args(BUILD_FLAGS)
             .arg(ldflags(&kubernetes_version_ldflags()))
             .arg("-o")
@@ -242,11 +252,11 @@ fn build_etcd(go: &Path, module: &Path, staging: &Path, root: &Path) -> Result<(
          func main() {\n\tetcdmain.Main(os.Args)\n}\n",
     )?;
     let started = Instant::now();
-    run_logged(go_command(go, module).args(["mod", "tidy"]), &log)?;
+    run_logged(go_command(go, module, root).args(["mod", "tidy"]), &log)?;
     println!("etcd: `go mod tidy` took {:.0?}", started.elapsed());
     let started = Instant::now();
     run_logged(
-        go_command(go, module).args(BUILD_FLAGS).arg(ldflags("")).arg("-o").arg(staging.join("etcd")).arg("."),
+        go_command(go, module, root).args(BUILD_FLAGS).arg(ldflags("")).arg("-o").arg(staging.join("etcd")).arg("."),
         &log,
     )?;
     println!("etcd: `go build` took {:.0?}", started.elapsed());
