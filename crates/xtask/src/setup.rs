@@ -67,8 +67,11 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     plugins::build()?;
 
     // The end-to-end tests run the real binary from target/debug/sluice.
-    step("Building the sluice binary");
-    run(cargo().args(["build", "--package", "sluice"]))?;
+    // One build for it and the tests: `cargo build -p sluice` alone resolves
+    // features without the dev-dependencies, so `cargo test` would then
+    // compile wasmtime, kube, hyper and 140 other crates a second time.
+    step("Building the sluice binary and the tests");
+    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
 
     // The plugins' own unit tests run natively; the guest workspace is separate.
     step("Running the plugins' unit tests");
