@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+pub mod reason;
 pub mod report;
 
 pub use config::{

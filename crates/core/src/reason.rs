@@ -1,0 +1,35 @@
+//! Condition reasons: the CamelCase words status conditions, load reports,
+//! Events and the admin view use to say why. Spelled once, here, so the data
+//! plane and the controller cannot drift apart.
+
+// Accepted
+pub const ACCEPTED: &str = "Accepted";
+/// The spec is not valid (beyond what the CRD schema and CEL catch).
+pub const INVALID: &str = "Invalid";
+/// The spec names something this gateway refuses to read for it (a host file
+/// or environment variable in Kubernetes mode).
+pub const NOT_PERMITTED: &str = "NotPermitted";
+pub const MODEL_CONFLICT: &str = "ModelConflict";
+
+// ResolvedRefs
+pub const RESOLVED_REFS: &str = "ResolvedRefs";
+pub const NOT_CHECKED: &str = "NotChecked";
+pub const PLUGIN_NOT_FOUND: &str = "PluginNotFound";
+pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+pub const SECRET_KEY_NOT_FOUND: &str = "SecretKeyNotFound";
+pub const INVALID_SECRET_VALUE: &str = "InvalidSecretValue";
+pub const UNSUPPORTED_SECRET_TYPE: &str = "UnsupportedSecretType";
+
+// Ready
+pub const LOADED: &str = "Loaded";
+pub const PROGRESSING: &str = "Progressing";
+pub const PENDING: &str = "Pending";
+pub const NO_REPLICAS: &str = "NoReplicas";
+pub const LOAD_FAILED: &str = "LoadFailed";
+pub const PULL_FAILED: &str = "PullFailed";
+pub const DIGEST_MISMATCH: &str = "DigestMismatch";
+pub const INVALID_REFERENCE: &str = "InvalidReference";
+pub const CHAIN_NOT_READY: &str = "ChainNotReady";
+
+// Events
+pub const SWAPPED: &str = "Swapped";
