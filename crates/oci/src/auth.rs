@@ -11,7 +11,7 @@ use base64::Engine as _;
 use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
 
-use crate::OciError;
+use crate::error::OciError;
 
 /// Where registry credentials come from. An explicit `credentials_file` wins
 /// over the docker config; with neither, access is anonymous.

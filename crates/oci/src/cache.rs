@@ -18,7 +18,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::{Format, OciError, Reference, sha256_digest};
+use crate::digest::sha256_digest;
+use crate::error::OciError;
+use crate::format::Format;
+use crate::reference::Reference;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {

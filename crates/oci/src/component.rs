@@ -4,7 +4,7 @@
 use serde::Serialize;
 use wasmparser::{Encoding, Parser, Payload, Validator, WasmFeatures};
 
-use crate::OciError;
+use crate::error::OciError;
 
 /// The top-level imports and exports of a component, by name
 /// (`wasi:io/streams@0.2.0`, `sluice:plugin/filter@0.1.0`, …).

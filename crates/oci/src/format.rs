@@ -6,7 +6,7 @@ use std::io::Read;
 use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageIndex, OciImageManifest};
 use serde::{Deserialize, Serialize};
 
-use crate::OciError;
+use crate::error::OciError;
 use crate::media_types as mt;
 
 /// The layout a module was found in.

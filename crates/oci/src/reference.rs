@@ -3,7 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::OciError;
+use crate::digest::check_sha256;
+use crate::error::OciError;
 
 /// A reference to an artifact in a registry. The registry host is required:
 /// a plugin silently pulled from Docker Hub because a host was left out
@@ -72,15 +73,6 @@ impl FromStr for Reference {
 impl fmt::Display for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.inner)
-    }
-}
-
-/// `sha256:` followed by 64 lowercase hex digits: the only digest the cache stores.
-pub(crate) fn check_sha256(digest: &str) -> Result<(), String> {
-    match digest.strip_prefix("sha256:") {
-        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => Ok(()),
-        Some(_) => Err(format!("{digest:?} is not sha256: followed by 64 lowercase hex digits")),
-        None => Err(format!("{digest:?}: only sha256 digests are supported")),
     }
 }
 

@@ -1,0 +1,41 @@
+//! From a reference's manifest to the image manifest that holds the plugin:
+//! parsing, and choosing an index's Wasm entry.
+
+use oci_client::manifest::{OciImageManifest, OciManifest};
+use oci_client::secrets::RegistryAuth;
+
+use super::transport::manifest_raw;
+use crate::error::OciError;
+use crate::format;
+use crate::reference::Reference;
+
+/// Parses a manifest; for an index, fetches the Wasm entry's manifest.
+pub(super) async fn resolve_manifest(
+    client: &oci_client::Client,
+    auth: &RegistryAuth,
+    reference: &Reference,
+    bytes: &[u8],
+    digest: &str,
+) -> Result<(OciImageManifest, String), OciError> {
+    let parse = |bytes: &[u8]| {
+        serde_json::from_slice::<OciManifest>(bytes).map_err(|e| OciError::Protocol {
+            registry: reference.registry().to_string(),
+            detail: format!("unreadable manifest for {reference}: {e}"),
+        })
+    };
+    match parse(bytes)? {
+        OciManifest::Image(manifest) => Ok((manifest, digest.to_string())),
+        OciManifest::ImageIndex(index) => {
+            let entry = format::choose_index_entry(&index)?;
+            let entry_reference = reference.with_digest(&entry.digest);
+            let (bytes, entry_digest) = manifest_raw(client, auth, &entry_reference).await?;
+            match parse(&bytes)? {
+                OciManifest::Image(manifest) => Ok((manifest, entry_digest)),
+                OciManifest::ImageIndex(_) => Err(OciError::UnsupportedFormat {
+                    media_types: vec![entry.media_type.clone()],
+                    reason: "an index inside an index".into(),
+                }),
+            }
+        }
+    }
+}
