@@ -42,17 +42,13 @@ impl RegistryOptions {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PullPolicy {
-    /// Use the cache when it has the reference: a digest reference, or a tag
-    /// resolved before. The registry is not contacted then.
-    #[default]
-    IfNotPresent,
-    /// Re-resolve a tag on every pull (content already cached is not
-    /// downloaded again). A digest reference is immutable, so it is still
-    /// served from the cache.
-    Always,
-}
+/// When a tag is resolved against the registry again: the declaration's
+/// own enum, so the gateway passes it through. Under `IfNotPresent` a
+/// digest reference, or a tag resolved before, is served from the cache
+/// without contacting the registry; under `Always` a tag is re-resolved on
+/// every pull (content already cached is not downloaded again) and a digest
+/// reference, being immutable, is still served from the cache.
+pub use sluice_core::PullPolicy;
 
 /// Where a pulled module came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
