@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::digest::sha256_digest;
+use crate::digest::{check_sha256, sha256_digest};
 use crate::error::OciError;
 use crate::format::Format;
 use crate::reference::Reference;
@@ -53,12 +53,24 @@ impl Cache {
         Ok(Cache { root: root.to_path_buf() })
     }
 
-    fn blob_path(&self, digest: &str) -> PathBuf {
-        self.root.join("blobs/sha256").join(hex_of(digest))
+    /// `None` unless `digest` is `sha256:<64 hex>`: a digest that came from
+    /// a registry or a record on disk never names a path of its choosing.
+    fn blob_path(&self, digest: &str) -> Option<PathBuf> {
+        check_sha256(digest).ok()?;
+        Some(self.root.join("blobs/sha256").join(hex_of(digest)))
     }
 
-    fn manifest_path(&self, digest: &str) -> PathBuf {
-        self.root.join("manifests/sha256").join(format!("{}.json", hex_of(digest)))
+    fn manifest_path(&self, digest: &str) -> Option<PathBuf> {
+        check_sha256(digest).ok()?;
+        Some(self.root.join("manifests/sha256").join(format!("{}.json", hex_of(digest))))
+    }
+
+    fn invalid(&self, digest: &str) -> OciError {
+        let reason = check_sha256(digest).err().unwrap_or_default();
+        OciError::Cache {
+            path: self.root.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, reason),
+        }
     }
 
     fn ref_path(&self, reference: &Reference) -> PathBuf {
@@ -69,7 +81,7 @@ impl Cache {
     /// The blob named `digest`, if present and intact. Blocking: call from
     /// a blocking context for large blobs.
     pub(crate) fn read_blob(&self, digest: &str) -> Option<Bytes> {
-        let path = self.blob_path(digest);
+        let path = self.blob_path(digest)?;
         let bytes = std::fs::read(&path).ok()?;
         let actual = sha256_digest(&bytes);
         if actual != digest {
@@ -83,21 +95,30 @@ impl Cache {
     /// Stores `bytes` under their own sha256 (which the caller has already
     /// checked against what it expected). Blocking.
     pub(crate) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
-        let path = self.blob_path(digest);
+        let path = self.blob_path(digest).ok_or_else(|| self.invalid(digest))?;
         if path.is_file() {
             return Ok(());
         }
         self.write_atomically(&path, bytes)
     }
 
+    /// The record for `digest`; a record whose digests are not all well
+    /// formed (edited on disk) is a miss.
     pub(crate) fn manifest(&self, digest: &str) -> Option<ManifestRecord> {
-        let text = std::fs::read(self.manifest_path(digest)).ok()?;
-        serde_json::from_slice(&text).ok()
+        let text = std::fs::read(self.manifest_path(digest)?).ok()?;
+        let record: ManifestRecord = serde_json::from_slice(&text).ok()?;
+        let digests = [&record.manifest_digest, &record.layer_digest, &record.module_digest];
+        if digests.iter().any(|d| check_sha256(d).is_err()) {
+            tracing::warn!(manifest = digest, "cached manifest record names a malformed digest; ignoring it");
+            return None;
+        }
+        Some(record)
     }
 
     pub(crate) fn put_manifest(&self, digest: &str, record: &ManifestRecord) -> Result<(), OciError> {
+        let path = self.manifest_path(digest).ok_or_else(|| self.invalid(digest))?;
         let json = serde_json::to_vec_pretty(record).expect("a record serializes");
-        self.write_atomically(&self.manifest_path(digest), &json)
+        self.write_atomically(&path, &json)
     }
 
     /// The manifest digest `reference` (a tag) pointed to when last resolved.
@@ -105,7 +126,8 @@ impl Cache {
         let text = std::fs::read(self.ref_path(reference)).ok()?;
         let record: RefRecord = serde_json::from_slice(&text).ok()?;
         // The file name is a hash; guard against the (theoretical) collision.
-        (record.reference == reference.to_string()).then_some(record.manifest_digest)
+        (record.reference == reference.to_string() && check_sha256(&record.manifest_digest).is_ok())
+            .then_some(record.manifest_digest)
     }
 
     pub(crate) fn put_tag(&self, reference: &Reference, manifest_digest: &str) -> Result<(), OciError> {
@@ -158,9 +180,32 @@ mod tests {
         let cache = Cache::open(dir.path()).unwrap();
         let digest = sha256_digest(b"original");
         cache.write_blob(&digest, b"original").unwrap();
-        std::fs::write(cache.blob_path(&digest), b"tampered").unwrap();
+        std::fs::write(cache.blob_path(&digest).unwrap(), b"tampered").unwrap();
         assert!(cache.read_blob(&digest).is_none());
-        assert!(!cache.blob_path(&digest).exists());
+        assert!(!cache.blob_path(&digest).unwrap().exists());
+    }
+
+    #[test]
+    fn a_malformed_digest_names_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&dir.path().join("cache")).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"keep me").unwrap();
+        for digest in [format!("sha256:{}", outside.display()), "sha256:../../../outside".into(), "sha512:ab".into()] {
+            assert!(cache.read_blob(&digest).is_none(), "{digest}");
+            assert!(cache.manifest(&digest).is_none(), "{digest}");
+            assert!(cache.write_blob(&digest, b"x").is_err(), "{digest}");
+            let record = ManifestRecord {
+                manifest_digest: sha256_digest(b"m"),
+                layer_digest: sha256_digest(b"l"),
+                module_digest: digest.clone(),
+                format: Format::CncfWasm,
+            };
+            let key = sha256_digest(b"m");
+            cache.put_manifest(&key, &record).unwrap();
+            assert!(cache.manifest(&key).is_none(), "a record naming {digest} was served");
+            assert_eq!(std::fs::read(&outside).unwrap(), b"keep me", "{digest}");
+        }
     }
 
     #[test]

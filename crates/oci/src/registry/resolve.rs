@@ -5,6 +5,7 @@ use oci_client::manifest::{OciImageManifest, OciManifest};
 use oci_client::secrets::RegistryAuth;
 
 use super::transport::manifest_raw;
+use crate::digest::check_registry_digest;
 use crate::error::OciError;
 use crate::format;
 use crate::reference::Reference;
@@ -24,13 +25,26 @@ pub(super) async fn resolve_manifest(
         })
     };
     match parse(bytes)? {
-        OciManifest::Image(manifest) => Ok((manifest, digest.to_string())),
+        OciManifest::Image(manifest) => {
+            check_descriptors(&manifest, reference)?;
+            Ok((manifest, digest.to_string()))
+        }
         OciManifest::ImageIndex(index) => {
+            for entry in &index.manifests {
+                check_registry_digest(
+                    &entry.digest,
+                    &format!("an entry of the index {reference}"),
+                    reference.registry(),
+                )?;
+            }
             let entry = format::choose_index_entry(&index)?;
             let entry_reference = reference.with_digest(&entry.digest);
             let (bytes, entry_digest) = manifest_raw(client, auth, &entry_reference).await?;
             match parse(&bytes)? {
-                OciManifest::Image(manifest) => Ok((manifest, entry_digest)),
+                OciManifest::Image(manifest) => {
+                    check_descriptors(&manifest, &entry_reference)?;
+                    Ok((manifest, entry_digest))
+                }
                 OciManifest::ImageIndex(_) => Err(OciError::UnsupportedFormat {
                     media_types: vec![entry.media_type.clone()],
                     reason: "an index inside an index".into(),
@@ -38,4 +52,14 @@ pub(super) async fn resolve_manifest(
             }
         }
     }
+}
+
+/// The config and layer digests become cache paths and blob URLs: refuse
+/// the manifest unless every one is well formed.
+fn check_descriptors(manifest: &OciImageManifest, reference: &Reference) -> Result<(), OciError> {
+    check_registry_digest(&manifest.config.digest, &format!("the config digest of {reference}"), reference.registry())?;
+    for layer in &manifest.layers {
+        check_registry_digest(&layer.digest, &format!("a layer digest of {reference}"), reference.registry())?;
+    }
+    Ok(())
 }

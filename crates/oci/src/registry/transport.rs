@@ -14,6 +14,7 @@ use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use sha2::Digest as _;
 
+use crate::digest::{check_registry_digest, sha256_digest};
 use crate::error::OciError;
 use crate::media_types as mt;
 use crate::reference::Reference;
@@ -93,10 +94,15 @@ pub(crate) async fn manifest_raw(
     auth: &RegistryAuth,
     reference: &Reference,
 ) -> Result<(Bytes, String), OciError> {
-    client
+    let (body, _their_digest) = client
         .pull_manifest_raw(reference.as_oci(), auth, mt::MANIFESTS)
         .await
-        .map_err(|e| OciError::from_client(e, reference.registry(), &reference.to_string()))
+        .map_err(|e| OciError::from_client(e, reference.registry(), &reference.to_string()))?;
+    // oci-client returns the digest the registry's header names (checked
+    // against the body, but in whatever algorithm the registry chose); the
+    // cache is keyed by sha256, so name the body by its sha256 ourselves.
+    let digest = sha256_digest(&body);
+    Ok((body, digest))
 }
 
 /// Streams a blob into memory, hashing as it goes and stopping at `limit`.
@@ -107,6 +113,7 @@ pub(crate) async fn download(
     limit: u64,
 ) -> Result<Bytes, OciError> {
     let registry = reference.registry();
+    check_registry_digest(&descriptor.digest, &format!("a blob digest of {reference}"), registry)?;
     let what = format!("blob {} of {reference}", descriptor.digest);
     let mut stream = client
         .pull_blob_stream(reference.as_oci(), descriptor)
