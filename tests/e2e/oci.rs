@@ -402,8 +402,6 @@ async fn an_image_whose_tar_layer_holds_plugin_wasm_is_accepted() {
         (pulled.module_digest.as_str(), pulled.layer_digest.as_str()),
         (sha256(&module).as_str(), layer_digest.as_str())
     );
-    // A pin may name the module or the layer it came in.
-    oci.pull(&target.parse().unwrap(), PullPolicy::Always, Some(&layer_digest)).await.unwrap();
 
     // And OCI's media types.
     let target = registry.reference("images/oci:v1");
@@ -694,4 +692,53 @@ async fn large_module_push_and_pull_times() {
         "library, {:.1} MB module: push {push_time:?}, pull {pull_time:?}, cached pull {cached_time:?}",
         module.len() as f64 / 1e6
     );
+}
+
+/// The pin a pull accepts is the pin the plugin runtime accepts at load, in
+/// every layout: for an image tar, the digest of plugin.wasm, not of the layer.
+#[tokio::test]
+async fn a_pin_means_the_module_digest_at_pull_and_at_load_in_every_layout() {
+    let registry = Registry::start();
+    let scratch = TempDir::new().unwrap();
+    let oci = client(&scratch.path().join("cache"));
+    let module = plugin();
+    let layer = image_layer(scratch.path(), &module);
+    let layer_digest = sha256(&std::fs::read(&layer).unwrap());
+    let config = write(scratch.path(), "image-config.json", b"{\"architecture\":\"amd64\",\"os\":\"linux\"}");
+    let image = registry.reference("pins/image:v1");
+    oras(json!({
+        "op": "raw", "target": image,
+        "manifestMediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": [config, "application/vnd.oci.image.config.v1+json"],
+        "layers": [[layer, "application/vnd.oci.image.layer.v1.tar+gzip"]],
+    }));
+    let cncf = reference(&registry, "pins/cncf:v1");
+    push(&oci, &module, &cncf).await;
+
+    let runtime =
+        sluice_runtime::Runtime::new(sluice_runtime::RuntimeConfig { max_instances: 10, ..Default::default() })
+            .expect("a plugin runtime");
+    let cases = [
+        (image.clone(), sha256(&module), "image tar, module digest"),
+        (image.clone(), layer_digest.clone(), "image tar, layer digest"),
+        (cncf.to_string(), sha256(&module), "cncf, module (= layer) digest"),
+        (cncf.to_string(), sha256(b"something else"), "cncf, another digest"),
+    ];
+    for (target, pin, what) in cases {
+        let pulled = oci.pull(&target.parse().unwrap(), PullPolicy::Always, Some(&pin)).await;
+        // The gateway hands the declaration's pin (bare hex) to the runtime.
+        let loaded = runtime.load(module.clone(), Some(pin.trim_start_matches("sha256:"))).await;
+        assert_eq!(
+            pulled.is_ok(),
+            loaded.is_ok(),
+            "{what}: pull says {:?}, load says {:?}",
+            pulled.as_ref().map(|p| &p.module_digest).map_err(ToString::to_string),
+            loaded.as_ref().map(|_| ()).map_err(ToString::to_string)
+        );
+        if let Err(error) = pulled
+            && pin == layer_digest
+        {
+            assert!(error.to_string().contains(&sha256(&module)), "{what}: name the module digest: {error}");
+        }
+    }
 }

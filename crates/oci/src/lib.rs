@@ -9,6 +9,14 @@
 //! writes the CNCF layout, and [`Registry::inspect`] describes an artifact.
 //!
 //! The wire protocol is `oci-client`'s; this crate adds the policy around it.
+//!
+//! A pin (`expected_sha256`, a plugin's `sha256`) is the sha256 of the Wasm
+//! module itself in every layout: for the CNCF and Istio layouts that is the
+//! layer's digest too; for an image tar it is the digest of `plugin.wasm`,
+//! not of the (compressed) layer. The plugin runtime checks the same digest
+//! when it compiles the module, so a pin that passes the pull passes the
+//! load. A manifest digest is pinned in the reference instead
+//! (`repo@sha256:…`).
 
 mod auth;
 mod cache;

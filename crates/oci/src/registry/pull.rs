@@ -20,8 +20,9 @@ const TAR_OVERHEAD_BYTES: u64 = 1024 * 1024;
 
 impl Registry {
     /// Fetches a verified component. `expected_sha256` pins the module
-    /// content (`sha256:<hex>` or `<hex>`; for the image-tar format the
-    /// layer digest is accepted too).
+    /// content (`sha256:<hex>` or `<hex>`): the sha256 of the Wasm bytes in
+    /// every layout, which for the image-tar format is that of `plugin.wasm`,
+    /// not of the layer.
     ///
     /// Cheap when cached: a digest reference, or a tag under
     /// [`PullPolicy::IfNotPresent`] that was resolved before, reads the disk
@@ -166,13 +167,25 @@ impl Registry {
     }
 }
 
+/// A pin is the sha256 of the module, the bytes that are compiled, in every
+/// layout: for the CNCF and Istio layouts that is also the layer's digest;
+/// for an image tar it is the digest of `plugin.wasm`, not of the layer.
+/// The plugin runtime checks the same digest when it loads the module, so a
+/// pin accepted here is accepted there.
 fn check_pin(pulled: Pulled, pin: Option<&str>) -> Result<Pulled, OciError> {
     match pin {
-        Some(pin) if pin != pulled.module_digest && pin != pulled.layer_digest => Err(OciError::DigestMismatch {
-            what: format!("module of manifest {} (pinned sha256)", pulled.manifest_digest),
-            expected: pin.to_string(),
-            actual: pulled.module_digest,
-        }),
+        Some(pin) if pin != pulled.module_digest => {
+            let what = if pin == pulled.layer_digest {
+                format!(
+                    "module of manifest {} (pinned sha256: the pin names the image layer, but a pin is the \
+                     sha256 of plugin.wasm inside it)",
+                    pulled.manifest_digest
+                )
+            } else {
+                format!("module of manifest {} (pinned sha256)", pulled.manifest_digest)
+            };
+            Err(OciError::DigestMismatch { what, expected: pin.to_string(), actual: pulled.module_digest })
+        }
         _ => Ok(pulled),
     }
 }
@@ -183,7 +196,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pins_match_the_module_or_for_tar_images_the_layer() {
+    fn pins_match_the_module_in_every_layout() {
         let pulled = Pulled {
             module: Bytes::from_static(b"m"),
             module_digest: sha256_digest(b"m"),
@@ -194,7 +207,8 @@ mod tests {
         };
         assert!(check_pin(pulled.clone(), None).is_ok());
         assert!(check_pin(pulled.clone(), Some(&sha256_digest(b"m"))).is_ok());
-        assert!(check_pin(pulled.clone(), Some(&sha256_digest(b"layer"))).is_ok());
+        let error = check_pin(pulled.clone(), Some(&sha256_digest(b"layer"))).unwrap_err();
+        assert!(error.to_string().contains("the pin names the image layer"), "{error}");
         match check_pin(pulled, Some(&sha256_digest(b"other"))) {
             Err(OciError::DigestMismatch { expected, actual, .. }) => {
                 assert_eq!((expected, actual), (sha256_digest(b"other"), sha256_digest(b"m")));
