@@ -19,7 +19,6 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::hash::Hasher as _;
-use std::pin::pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,10 +31,6 @@ use http_body_util::channel::{Channel, Sender};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -70,38 +65,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let opts = Arc::new(opts);
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    // Usually a connection reset before accept or fd exhaustion:
-                    // neither should stop the server. Back off so the latter can't spin.
-                    tracing::warn!(%error, "echo upstream: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    // Tests stop the echo only once their streams are done: no drain limit.
+    sluice_serve::serve(listener, shutdown, Duration::MAX, move |req| {
         let opts = opts.clone();
-        let service = service_fn(move |req| {
-            let opts = opts.clone();
-            async move { Ok::<_, Infallible>(handle(req, &opts).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(%error, "echo upstream: connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
+        async move { handle(req, &opts).await }
+    })
+    .await;
     Ok(())
 }
 
@@ -528,6 +497,7 @@ mod tests {
 
     use hyper_util::client::legacy::Client;
     use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
     use tokio::sync::oneshot;
     use tokio::task::JoinHandle;
 
