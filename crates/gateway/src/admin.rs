@@ -2,9 +2,13 @@
 
 use http::StatusCode;
 use hyper::body::Incoming;
+use serde::Serialize;
+use sluice_core::FailurePolicy;
+use sluice_runtime::Hooks;
 
 use crate::body::{Body, error_response, full, json_response};
 use crate::gateway::Gateway;
+use crate::snapshot::Snapshot;
 
 pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
     match request.uri().path() {
@@ -23,10 +27,99 @@ pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Resp
 fn config(gateway: &Gateway) -> http::Response<Body> {
     let snapshot = gateway.snapshot();
     let report = gateway.report.load();
-    let mut view = serde_json::to_value(snapshot.view()).unwrap_or_default();
+    let mut view = serde_json::to_value(SnapshotView::of(&snapshot)).unwrap_or_default();
     let errors: Vec<_> = report.source_errors.iter().chain(&report.build.errors).collect();
     view["ready"] = gateway.is_ready().into();
     view["errors"] = serde_json::to_value(errors).unwrap_or_default();
     let body = serde_json::to_vec_pretty(&view).unwrap_or_default();
     json_response(StatusCode::OK, body)
+}
+
+/// The admin view of a snapshot.
+#[derive(Serialize)]
+struct SnapshotView {
+    generation: u64,
+    routes: Vec<RouteView>,
+    plugins: Vec<PluginView>,
+}
+
+#[derive(Serialize)]
+struct RouteView {
+    name: String,
+    models: Vec<String>,
+    backends: Vec<BackendView>,
+    plugins: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct BackendView {
+    url: String,
+    model: Option<String>,
+    #[serde(rename = "apiKey")]
+    api_key: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PluginView {
+    name: String,
+    source: String,
+    digest: String,
+    failure_policy: FailurePolicy,
+    hooks: Vec<&'static str>,
+    isolation: sluice_core::Isolation,
+    timeout_ms: u128,
+    max_memory_mi_b: usize,
+}
+
+impl SnapshotView {
+    fn of(snapshot: &Snapshot) -> Self {
+        let mut plugins: Vec<_> = snapshot
+            .plugins()
+            .values()
+            .map(|p| {
+                let hooks = p.hooks();
+                let names = [
+                    (Hooks::REQUEST, "request"),
+                    (Hooks::RESPONSE_HEAD, "response-head"),
+                    (Hooks::RESPONSE_CHUNK, "response-chunk"),
+                    (Hooks::RESPONSE_BODY, "response-body"),
+                    (Hooks::RESPONSE_END, "response-end"),
+                ]
+                .into_iter()
+                .filter_map(|(hook, name)| hooks.contains(hook).then_some(name))
+                .collect();
+                PluginView {
+                    name: p.decl.key.to_string(),
+                    source: p.decl.source.to_string(),
+                    digest: p.digest().to_string(),
+                    failure_policy: p.decl.failure_policy,
+                    hooks: names,
+                    isolation: p.decl.isolation,
+                    timeout_ms: p.decl.timeout.as_millis(),
+                    max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
+                }
+            })
+            .collect();
+        plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        let routes = snapshot
+            .routes()
+            .iter()
+            .map(|r| RouteView {
+                name: r.decl.key.to_string(),
+                models: r.decl.models.clone(),
+                backends: r
+                    .backends
+                    .iter()
+                    .map(|b| BackendView {
+                        url: b.url.clone(),
+                        model: b.model.clone(),
+                        api_key: b.authorization.is_some(),
+                    })
+                    .collect(),
+                plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
+            })
+            .collect();
+        SnapshotView { generation: snapshot.generation, routes, plugins }
+    }
 }

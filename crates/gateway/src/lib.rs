@@ -1,10 +1,11 @@
 //! The Sluice data plane: serves the OpenAI API, runs each route's plugin
 //! chain, and forwards to OpenAI-compatible upstreams. Configuration arrives
-//! from a [`ConfigSource`] and is served from an immutable [`Snapshot`]
+//! from a config [`source`] and is served from an immutable [`Snapshot`]
 //! swapped atomically, so a request runs start to end on one version.
 
 mod admin;
 mod body;
+mod chain;
 mod gateway;
 mod headers;
 mod proxy;
@@ -18,4 +19,4 @@ mod upstream;
 pub use gateway::{Gateway, Settings};
 pub use server::{serve_admin, serve_data_plane};
 pub use snapshot::{BuildReport, Snapshot};
-pub use source::{ConfigSource, ConfigUpdate, FileSource};
+pub use source::{ConfigUpdate, FileSource};

@@ -1,20 +1,21 @@
-//! One request's way through the data plane: route by model, run the
-//! plugin chain, forward, run response hooks, stream the body back.
+//! One request's way through the data plane: the endpoints, and for the
+//! forwarded ones, the phases from reading the body to forwarding it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use sluice_core::{ApiError, FailurePolicy};
-use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction, Response as PluginResponse, ResponseAction};
+use sluice_core::ApiError;
 
-use crate::body::{Body, BoxError, collect_limited, error_response, full, json_response};
+use crate::body::{Body, error_response, json_response};
+use crate::chain::{Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
-use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
-use crate::response::{BodyPlugin, Exchange, body_hooks, relay, run_body_hooks, usage_in};
-use crate::snapshot::{LoadedPlugin, Route, Snapshot};
+use crate::headers::strip_hop_by_hop;
+use crate::response::{self, Exchange};
+use crate::snapshot::{Route, Snapshot};
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
 const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -59,19 +60,15 @@ fn list_models(snapshot: &Snapshot) -> http::Response<Body> {
     json_response(StatusCode::OK, body.to_string().into_bytes())
 }
 
-/// The request as the chain edits it.
-struct Outgoing {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
+/// The phases of one forwarded request, each with one home: read the body,
+/// route by model, the request hooks ([`chain`](crate::chain)), forward, and
+/// the response phase ([`response`](crate::response)).
 async fn proxy(
     gateway: &Gateway,
     snapshot: &Snapshot,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<Body>, ApiError> {
+    let started = Instant::now();
     let (parts, body) = request.into_parts();
     let body = read_body(body, &parts.headers, gateway.settings.max_body_bytes).await?;
     let model = requested_model(&body)?;
@@ -84,87 +81,14 @@ async fn proxy(
         body,
     };
     strip_hop_by_hop(&mut outgoing.headers);
-
-    let exchange_started = std::time::Instant::now();
-    let mut awaiting_response = Vec::new();
-    for plugin in &route.chain {
-        match run_request_hook(plugin, route, &model, &mut outgoing).await {
-            Ok(Step::Continue(instance)) => awaiting_response.extend(instance.map(|i| (plugin.clone(), i))),
-            Ok(Step::Respond(response)) => return Ok(response),
-            Err(error) => apply_failure_policy(plugin, error)?,
-        }
-    }
+    let engaged = match request_filters(route, &model, &mut outgoing).await? {
+        Filtered::Forward(engaged) => engaged,
+        Filtered::Respond(response) => return Ok(response),
+    };
 
     let upstream = forward(gateway, route, outgoing).await?;
-    let (mut head, body) = upstream.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-
-    // Response hooks run in reverse chain order, like unwinding the chain.
-    let mut body_plugins = Vec::new();
-    for (plugin, mut instance) in awaiting_response.into_iter().rev() {
-        let hooks = plugin.plugin.hooks();
-        if hooks.contains(Hooks::RESPONSE_HEAD) {
-            let view = PluginResponse { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
-            let result = instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
-                apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers)
-                    .map_err(PluginError::InvalidEdit)
-            });
-            if let Err(error) = result {
-                apply_failure_policy(&plugin, error)?;
-                continue;
-            }
-        }
-        if hooks.intersects(body_hooks()) {
-            body_plugins.push(BodyPlugin::new(plugin, instance));
-        }
-    }
-
-    let streamed = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let exchange = Exchange {
-        started: exchange_started,
-        status: head.status.as_u16(),
-        model,
-        route: route.decl.key.to_string(),
-        streamed,
-    };
-    let wanted = body_plugins.iter().fold(Hooks::empty(), |hooks, p| hooks | p.plugin.plugin.hooks());
-    let mut body: Body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
-    let mut known_usage = None;
-    if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
-        // Only a `response-body` hook makes the gateway hold a whole body.
-        let limit = gateway.settings.max_body_bytes;
-        let whole = match collect_limited(body, limit).await {
-            Ok(whole) => whole,
-            Err(error) => {
-                return Err(ApiError::upstream_unavailable(format!(
-                    "reading the upstream's response for response-body plugins: {error}"
-                )));
-            }
-        };
-        known_usage = usage_in(&whole);
-        body = full(run_body_hooks(&mut body_plugins, whole).await?);
-        head.headers.remove(header::CONTENT_LENGTH);
-    } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
-        head.headers.remove(header::CONTENT_LENGTH);
-    }
-    // The body streams through frame by frame as the upstream sends it: SSE
-    // events reach the client as they are produced.
-    Ok(http::Response::from_parts(head, relay(body, exchange, body_plugins, known_usage)))
-}
-
-/// A failed plugin fails the request (`Closed`) or is skipped (`Open`).
-pub(crate) fn apply_failure_policy(plugin: &LoadedPlugin, error: PluginError) -> Result<(), ApiError> {
-    match plugin.decl.failure_policy {
-        FailurePolicy::Closed => Err(ApiError::plugin_failed(plugin.plugin.name(), error)),
-        FailurePolicy::Open => {
-            tracing::warn!(plugin = plugin.plugin.name(), %error, "plugin failed; skipped (failurePolicy: Open)");
-            Ok(())
-        }
-    }
+    let exchange = Exchange { started, model, route: route.decl.key.to_string() };
+    response::respond(upstream, exchange, engaged, gateway.settings.max_body_bytes).await
 }
 
 async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
@@ -190,62 +114,6 @@ fn requested_model(body: &[u8]) -> Result<String, ApiError> {
         Some(serde_json::Value::String(model)) if !model.is_empty() => Ok(model),
         _ => Err(ApiError::invalid_request("missing_model", "the request body needs a `model` string")),
     }
-}
-
-enum Step {
-    /// Go on; the instance is kept if the plugin wants the response head.
-    Continue(Option<PluginInstance>),
-    Respond(http::Response<Body>),
-}
-
-async fn run_request_hook(
-    plugin: &LoadedPlugin,
-    route: &Route,
-    model: &str,
-    outgoing: &mut Outgoing,
-) -> Result<Step, PluginError> {
-    let hooks = plugin.plugin.hooks();
-    if hooks == Hooks::empty() {
-        return Ok(Step::Continue(None));
-    }
-    let mut instance = plugin.plugin.instance().await?;
-    if hooks.contains(Hooks::REQUEST) {
-        let view = sluice_runtime::Request {
-            method: outgoing.method.to_string(),
-            path: outgoing.path.clone(),
-            headers: to_pairs(&outgoing.headers),
-            body: outgoing.body.to_vec(),
-            model: model.to_string(),
-            route: route.decl.key.to_string(),
-        };
-        match instance.request_filter(&view).await? {
-            RequestAction::Continue(edits) => {
-                apply_edits(&mut outgoing.headers, &edits.set_headers, &edits.remove_headers)
-                    .map_err(PluginError::InvalidEdit)?;
-                if let Some(body) = edits.body {
-                    outgoing.body = Bytes::from(body);
-                }
-            }
-            RequestAction::Respond(direct) => return Ok(Step::Respond(direct_response(plugin, direct))),
-        }
-    }
-    let keep = hooks.intersects(Hooks::RESPONSE_HEAD | body_hooks());
-    Ok(Step::Continue(keep.then_some(instance)))
-}
-
-fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse) -> http::Response<Body> {
-    let status = StatusCode::from_u16(direct.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if direct.body.is_empty() && status.as_u16() >= 400 {
-        return error_response(&ApiError::plugin_rejected(plugin.plugin.name(), status.as_u16()));
-    }
-    let mut response = http::Response::new(full(direct.body));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    if let Err(error) = apply_edits(headers, &direct.headers, &[]) {
-        tracing::warn!(plugin = plugin.plugin.name(), %error, "direct response header dropped");
-    }
-    headers.remove(header::CONTENT_LENGTH);
-    response
 }
 
 async fn forward(gateway: &Gateway, route: &Route, outgoing: Outgoing) -> Result<http::Response<Incoming>, ApiError> {
@@ -303,4 +171,115 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    //! The whole data plane in-process: the gateway and the echo upstream on
+    //! loopback listeners, driven over real HTTP.
+
+    use std::net::SocketAddr;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use sluice_core::{BackendDecl, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource};
+    use sluice_core::{ConfigUpdate, ResourceKey, RouteDecl};
+    use sluice_runtime::{Runtime, RuntimeConfig};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::gateway::Settings;
+
+    async fn listen() -> (tokio::net::TcpListener, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (listener, addr)
+    }
+
+    fn add_header() -> PluginDecl {
+        PluginDecl {
+            key: ResourceKey::new("default", "add-header"),
+            source: PluginSource::File(PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../plugins/dist/add-header.wasm"
+            ))),
+            phase: Phase::Filter,
+            sha256: None,
+            config: serde_json::json!({"header": "x-team", "value": "search",
+                "responseHeader": {"name": "x-sluice-plugin", "value": "add-header"}}),
+            failure_policy: FailurePolicy::Closed,
+            timeout: Duration::from_secs(5),
+            max_memory_bytes: 64 << 20,
+            isolation: Isolation::PerRequest,
+        }
+    }
+
+    /// Starts echo and a gateway serving `chat` → echo through add-header.
+    async fn start() -> (SocketAddr, Arc<Gateway>) {
+        let (echo, echo_addr) = listen().await;
+        tokio::spawn(sluice_echo::serve(echo, Default::default(), std::future::pending()));
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 20, ..Default::default() }).unwrap();
+        let gateway = Gateway::new(runtime, None, Settings::default()).unwrap();
+        let route = RouteDecl {
+            key: ResourceKey::new("default", "chat"),
+            models: vec!["gpt-4o-mini".into()],
+            backends: vec![BackendDecl { url: format!("http://{echo_addr}/v1"), model: None, api_key: None }],
+            plugins: vec![ResourceKey::new("default", "add-header")],
+            timeout: Duration::from_secs(10),
+        };
+        let desired = DesiredConfig { revision: 1, plugins: vec![add_header()], routes: vec![route] };
+        let (updates, rx) = watch::channel(Some(ConfigUpdate::Desired(desired)));
+        // The gateway follows the source until the sender goes: keep it.
+        std::mem::forget(updates);
+        tokio::spawn(gateway.clone().follow(rx));
+        let (data, addr) = listen().await;
+        let serving = gateway.clone();
+        tokio::spawn(crate::serve_data_plane(serving, data, std::future::pending(), Duration::from_secs(1)));
+        // Wait for the first config; every build either loads it or reports.
+        while !gateway.is_ready() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (addr, gateway)
+    }
+
+    async fn post(addr: SocketAddr, body: &str) -> (StatusCode, HeaderMap, serde_json::Value) {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (parts.status, parts.headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_runs_the_chain_reaches_the_upstream_and_the_response_hook_runs() {
+        let (addr, _gateway) = start().await;
+        let (status, headers, json) =
+            post(addr, r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(headers["x-sluice-plugin"], "add-header");
+        let echoed: serde_json::Value =
+            serde_json::from_str(json["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(echoed["headers"]["x-team"], "search", "{echoed}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn errors_are_openai_shaped() {
+        let (addr, _gateway) = start().await;
+        let (status, _, json) = post(addr, r#"{"model":"nope","messages":[]}"#).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(json["error"]["code"], "model_not_found", "{json}");
+        let (status, _, json) = post(addr, r#"{"messages":[]}"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(json["error"]["code"], "missing_model", "{json}");
+        let (status, _, json) = post(addr, "not json").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
+    }
 }

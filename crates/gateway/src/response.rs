@@ -1,28 +1,26 @@
-//! The response body on its way back: passed through frame by frame,
-//! rewritten event by event for plugins with a `response-chunk` hook, and
+//! The response phase: the response-head hooks, then the body on its way
+//! back: passed through frame by frame, held whole for `response-body`
+//! hooks, rewritten event by event for `response-chunk` hooks, and
 //! accounted for (usage, bytes, duration) for `response-end` hooks and the
-//! access log.
+//! access log. Plugins see the response in reverse chain order, like
+//! unwinding the chain.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use http::header;
 use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
 use sluice_core::ApiError;
-use sluice_runtime::{ChunkAction, Hooks, PluginError, PluginInstance, ResponseSummary, Usage};
+use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSummary, Usage};
 
-use crate::body::{Body, BoxError};
-use crate::proxy::apply_failure_policy;
-use crate::snapshot::LoadedPlugin;
+use crate::body::{Body, BoxError, collect_limited, full};
+use crate::chain::Engaged;
+use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
-
-/// The hooks that keep an instance alive past the response head.
-pub fn body_hooks() -> Hooks {
-    Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END
-}
 
 /// How much of a JSON response is copied aside to read its `usage`. Larger
 /// bodies still pass through; their usage goes unreported.
@@ -31,48 +29,86 @@ const USAGE_COPY_LIMIT: usize = 1 << 20;
 /// The longest server-sent event held while waiting for its end.
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
-/// A plugin instance that handles the response body, in reverse chain order.
-pub struct BodyPlugin {
-    pub plugin: Arc<LoadedPlugin>,
-    pub instance: PluginInstance,
-    /// Set when the plugin failed under `failurePolicy: Open`: it is skipped
-    /// for the rest of this response.
-    skipped: bool,
-}
-
-impl BodyPlugin {
-    pub fn new(plugin: Arc<LoadedPlugin>, instance: PluginInstance) -> Self {
-        Self { plugin, instance, skipped: false }
-    }
-
-    fn wants(&self, hook: Hooks) -> bool {
-        !self.skipped && self.plugin.plugin.hooks().contains(hook)
-    }
-
-    fn name(&self) -> &str {
-        self.plugin.plugin.name()
-    }
-}
-
-/// What the rest of the response needs to know about the request.
+/// What the response phase needs to know about the request.
 pub struct Exchange {
     pub started: Instant,
-    pub status: u16,
     pub model: String,
     pub route: String,
+}
+
+/// The response as the client receives it. Plugins engaged in the exchange
+/// see the head, then the body; a `Closed` plugin that fails before the head
+/// is sent turns the response into an error.
+pub async fn respond(
+    upstream: http::Response<Incoming>,
+    exchange: Exchange,
+    mut engaged: Vec<Engaged>,
+    max_body_bytes: usize,
+) -> Result<http::Response<Body>, ApiError> {
+    let (mut head, body) = upstream.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    engaged.reverse();
+    response_filters(&mut head, &mut engaged).await?;
+
+    let streamed = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let wanted = engaged.iter().fold(Hooks::empty(), |hooks, e| hooks | e.hooks());
+    let mut body: Body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
+    let mut known_usage = None;
+    if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
+        // Only a `response-body` hook makes the gateway hold a whole body.
+        let whole = collect_limited(body, max_body_bytes).await.map_err(|error| {
+            ApiError::upstream_unavailable(format!(
+                "reading the upstream's response for response-body plugins: {error}"
+            ))
+        })?;
+        known_usage = usage_in(&whole);
+        body = full(response_body_filters(&mut engaged, whole).await?);
+        head.headers.remove(header::CONTENT_LENGTH);
+    } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    let ended = Ended { exchange, status: head.status.as_u16(), streamed };
+    // The body streams through frame by frame as the upstream sends it: SSE
+    // events reach the client as they are produced.
+    Ok(http::Response::from_parts(head, relay(body, ended, engaged, known_usage)))
+}
+
+/// Runs `response-head` hooks; a plugin that wants nothing later is let go.
+async fn response_filters(head: &mut http::response::Parts, engaged: &mut Vec<Engaged>) -> Result<(), ApiError> {
+    for plugin in engaged.iter_mut().filter(|e| e.wants(Hooks::RESPONSE_HEAD)) {
+        let view = sluice_runtime::Response { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
+        let result = plugin.instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
+            apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::InvalidEdit)
+        });
+        if let Err(error) = result {
+            plugin.fail(error)?;
+        }
+    }
+    engaged.retain(|e| e.hooks().intersects(Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END));
+    Ok(())
+}
+
+/// The exchange as the end of the response sees it.
+struct Ended {
+    exchange: Exchange,
+    status: u16,
     /// The body is a `text/event-stream`.
-    pub streamed: bool,
+    streamed: bool,
 }
 
 /// Runs `response-body` hooks over a whole non-streamed body. An error is
 /// what a `Closed` plugin's failure turns into; the response has not been
 /// sent, so it can still become an error response.
-pub async fn run_body_hooks(plugins: &mut [BodyPlugin], mut body: Bytes) -> Result<Bytes, ApiError> {
+async fn response_body_filters(plugins: &mut [Engaged], mut body: Bytes) -> Result<Bytes, ApiError> {
     for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_BODY)) {
         match plugin.instance.response_body(&body).await {
             Ok(Some(replacement)) => body = Bytes::from(replacement),
             Ok(None) => {}
-            Err(error) => fail(plugin, error)?,
+            Err(error) => plugin.fail(error)?,
         }
     }
     Ok(body)
@@ -81,7 +117,7 @@ pub async fn run_body_hooks(plugins: &mut [BodyPlugin], mut body: Bytes) -> Resu
 /// The body the client receives. It ends the exchange (`response-end`
 /// hooks, the access log) when the upstream's body ends, or when the client
 /// goes away.
-pub fn relay(upstream: Body, exchange: Exchange, plugins: Vec<BodyPlugin>, known_usage: Option<Usage>) -> Body {
+fn relay(upstream: Body, exchange: Ended, plugins: Vec<Engaged>, known_usage: Option<Usage>) -> Body {
     let chunk_hooks = exchange.streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
         upstream: Some(upstream),
@@ -118,8 +154,8 @@ struct Relay {
 }
 
 struct Tail {
-    exchange: Exchange,
-    plugins: Vec<BodyPlugin>,
+    exchange: Ended,
+    plugins: Vec<Engaged>,
     usage: Option<Usage>,
     body_bytes: u64,
 }
@@ -236,7 +272,7 @@ impl Relay {
         if !self.chunk_hooks {
             return;
         }
-        match run_chunk_hooks(&mut tail.plugins, data).await {
+        match response_chunk_filters(&mut tail.plugins, data).await {
             Chunk::Pass => self.out.push_back(event),
             Chunk::Replace(data) => self.out.push_back(with_data(&event, &data)),
             Chunk::Drop => {}
@@ -285,7 +321,7 @@ enum Chunk {
     Failed(ApiError),
 }
 
-async fn run_chunk_hooks(plugins: &mut [BodyPlugin], data: String) -> Chunk {
+async fn response_chunk_filters(plugins: &mut [Engaged], data: String) -> Chunk {
     let mut current: Option<String> = None;
     for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_CHUNK)) {
         let seen = current.as_deref().unwrap_or(&data);
@@ -295,7 +331,7 @@ async fn run_chunk_hooks(plugins: &mut [BodyPlugin], data: String) -> Chunk {
             Ok(ChunkAction::Drop) => return Chunk::Drop,
             Ok(ChunkAction::Stop(last)) => return Chunk::Stop(last),
             Err(error) => {
-                if let Err(error) = fail(plugin, error) {
+                if let Err(error) = plugin.fail(error) {
                     return Chunk::Failed(error);
                 }
             }
@@ -307,14 +343,6 @@ async fn run_chunk_hooks(plugins: &mut [BodyPlugin], data: String) -> Chunk {
     }
 }
 
-/// A failing plugin ends the response (`Closed`) or is skipped from here on
-/// (`Open`).
-fn fail(plugin: &mut BodyPlugin, error: PluginError) -> Result<(), ApiError> {
-    apply_failure_policy(&plugin.plugin, error)?;
-    plugin.skipped = true;
-    Ok(())
-}
-
 impl Tail {
     async fn end(mut self, completed: bool) {
         let exchange = &self.exchange;
@@ -324,11 +352,11 @@ impl Tail {
             usage: self.usage,
             body_bytes: self.body_bytes,
             completed,
-            duration_ms: exchange.started.elapsed().as_millis() as u64,
+            duration_ms: exchange.exchange.started.elapsed().as_millis() as u64,
         };
         tracing::debug!(
-            route = exchange.route,
-            model = exchange.model,
+            route = exchange.exchange.route,
+            model = exchange.exchange.model,
             status = summary.status,
             streamed = summary.streamed,
             completed,

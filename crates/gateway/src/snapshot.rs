@@ -1,20 +1,18 @@
 //! One immutable version of everything the data plane serves, and how the
 //! next one is built from the desired config and the one before it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::HeaderValue;
 use serde::Serialize;
-use std::collections::BTreeMap;
-
 use sluice_core::{
-    ApiKeySource, DesiredConfig, FailurePolicy, LoadState, PluginDecl, PluginSource, PullPolicy, RegistryCredentials,
-    ResourceError, ResourceKey, RouteDecl,
+    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, PluginDecl, PluginSource, RegistryCredentials,
+    ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, Reference, Registry};
-use sluice_runtime::{ConfiguredPlugin, Limits, Runtime};
+use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
 
 #[derive(Default)]
 pub struct Snapshot {
@@ -24,9 +22,10 @@ pub struct Snapshot {
     plugins: HashMap<ResourceKey, Arc<LoadedPlugin>>,
 }
 
+/// A declared plugin, loaded and configured.
 pub struct LoadedPlugin {
     pub decl: PluginDecl,
-    pub plugin: ConfiguredPlugin,
+    pub configured: ConfiguredPlugin,
 }
 
 pub struct Route {
@@ -50,6 +49,40 @@ impl Snapshot {
 
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
+    }
+
+    pub fn plugins(&self) -> &HashMap<ResourceKey, Arc<LoadedPlugin>> {
+        &self.plugins
+    }
+}
+
+impl LoadedPlugin {
+    pub fn name(&self) -> &str {
+        self.configured.name()
+    }
+
+    pub fn digest(&self) -> &str {
+        self.configured.digest()
+    }
+
+    pub fn hooks(&self) -> Hooks {
+        self.configured.hooks()
+    }
+
+    pub async fn instance(&self) -> Result<PluginInstance, PluginError> {
+        self.configured.instance().await
+    }
+
+    /// The failure policy: a failed plugin fails the request (`Closed`) or
+    /// is skipped (`Open`).
+    pub fn on_failure(&self, error: PluginError) -> Result<(), ApiError> {
+        match self.decl.failure_policy {
+            FailurePolicy::Closed => Err(ApiError::plugin_failed(self.name(), error)),
+            FailurePolicy::Open => {
+                tracing::warn!(plugin = self.name(), %error, "plugin failed; skipped (failurePolicy: Open)");
+                Ok(())
+            }
+        }
     }
 }
 
@@ -88,7 +121,7 @@ struct LoadFailure {
 
 impl LoadFailure {
     fn permanent(message: impl Into<String>) -> Self {
-        Self { message: message.into(), transient: false, reason: "LoadFailed" }
+        Self { message: message.into(), transient: false, reason: reason::LOAD_FAILED }
     }
 }
 
@@ -101,84 +134,109 @@ pub async fn build(
     desired: &DesiredConfig,
     previous: &Snapshot,
 ) -> (Snapshot, BuildReport) {
-    let mut errors = Vec::new();
-    let mut retry = false;
+    let mut report = BuildReport::default();
+    let plugins = build_plugins(runtime, registry, desired, previous, &mut report).await;
+    let routes = build_routes(desired, previous, &plugins, &mut report);
+    let by_model = index_models(&routes);
+    // Only plugins some route uses need to stay loaded, but all are kept so
+    // their last good versions survive a route edit.
+    let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
+    (snapshot, report)
+}
 
+/// Loads every declared plugin side by side; one that fails keeps its last
+/// good version.
+async fn build_plugins(
+    runtime: &Runtime,
+    registry: Option<&Registry>,
+    desired: &DesiredConfig,
+    previous: &Snapshot,
+    report: &mut BuildReport,
+) -> HashMap<ResourceKey, Arc<LoadedPlugin>> {
     let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, registry, decl, previous));
     let loaded = futures_util::future::join_all(loads).await;
     let mut plugins = HashMap::new();
-    let mut plugin_states = BTreeMap::new();
     for (decl, result) in desired.plugins.iter().zip(loaded) {
-        match result {
+        let failure = match result {
             Ok(plugin) => {
-                plugin_states.insert(decl.key.clone(), LoadState::ready(Some(plugin.plugin.digest().to_string())));
+                report.plugins.insert(decl.key.clone(), LoadState::ready(Some(plugin.digest().to_string())));
                 plugins.insert(decl.key.clone(), plugin);
+                continue;
             }
-            Err(LoadFailure { message, transient, reason }) => {
-                retry |= transient;
-                let resource = format!("GatewayPlugin {}", decl.key);
-                match previous.plugins.get(&decl.key) {
-                    Some(last_good) => {
-                        let digest = last_good.plugin.digest().to_string();
-                        errors.push(ResourceError::new(
-                            resource,
-                            format!("{message}; still serving the last good version {digest}"),
-                        ));
-                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, message, Some(digest)));
-                        plugins.insert(decl.key.clone(), last_good.clone());
-                    }
-                    None => {
-                        plugin_states.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
-                        errors.push(ResourceError::new(resource, message));
-                    }
-                }
+            Err(failure) => failure,
+        };
+        let LoadFailure { message, transient, reason } = failure;
+        report.retry |= transient;
+        let resource = format!("GatewayPlugin {}", decl.key);
+        match previous.plugins.get(&decl.key) {
+            Some(last_good) => {
+                let digest = last_good.digest().to_string();
+                let serving = format!("{message}; still serving the last good version {digest}");
+                report.errors.push(ResourceError::new(resource, serving));
+                report.plugins.insert(decl.key.clone(), LoadState::failed(reason, message, Some(digest)));
+                plugins.insert(decl.key.clone(), last_good.clone());
+            }
+            None => {
+                report.plugins.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
+                report.errors.push(ResourceError::new(resource, message));
             }
         }
     }
+    plugins
+}
 
+/// Builds every declared route whose models are its own; one that fails
+/// keeps its last good version.
+fn build_routes(
+    desired: &DesiredConfig,
+    previous: &Snapshot,
+    plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    report: &mut BuildReport,
+) -> Vec<Arc<Route>> {
     let conflicts = desired.conflicts();
     let previous_routes: HashMap<&ResourceKey, &Arc<Route>> =
         previous.routes.iter().map(|r| (&r.decl.key, r)).collect();
     let mut routes = Vec::new();
-    let mut route_states = BTreeMap::new();
     for decl in &desired.routes {
         let resource = format!("AIModelRoute {}", decl.key);
         if let Some(conflict) = conflicts.iter().find(|c| c.resource == resource) {
-            route_states.insert(decl.key.clone(), LoadState::failed("ModelConflict", &conflict.message, None));
+            report.routes.insert(decl.key.clone(), LoadState::failed(reason::MODEL_CONFLICT, &conflict.message, None));
             continue;
         }
-        match build_route(decl, &plugins) {
+        let message = match build_route(decl, plugins) {
             Ok(route) => {
-                route_states.insert(decl.key.clone(), LoadState::ready(None));
+                report.routes.insert(decl.key.clone(), LoadState::ready(None));
                 routes.push(Arc::new(route));
+                continue;
             }
-            Err(message) => match previous_routes.get(&decl.key) {
-                Some(last_good) => {
-                    errors
-                        .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
-                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", message, None));
-                    routes.push(Arc::clone(last_good));
-                }
-                None => {
-                    route_states.insert(decl.key.clone(), LoadState::failed("ChainNotReady", &message, None));
-                    errors.push(ResourceError::new(resource, message));
-                }
-            },
+            Err(message) => message,
+        };
+        match previous_routes.get(&decl.key) {
+            Some(last_good) => {
+                let serving = format!("{message}; still serving its last good version");
+                report.errors.push(ResourceError::new(resource, serving));
+                report.routes.insert(decl.key.clone(), LoadState::failed(reason::CHAIN_NOT_READY, message, None));
+                routes.push(Arc::clone(last_good));
+            }
+            None => {
+                report.routes.insert(decl.key.clone(), LoadState::failed(reason::CHAIN_NOT_READY, &message, None));
+                report.errors.push(ResourceError::new(resource, message));
+            }
         }
     }
-    errors.extend(conflicts);
+    report.errors.extend(conflicts);
+    routes
+}
 
+fn index_models(routes: &[Arc<Route>]) -> HashMap<String, Arc<Route>> {
     let mut by_model = HashMap::new();
-    for route in &routes {
+    for route in routes {
         for model in &route.decl.models {
             // A last-good route may claim a model a newer route took over; the newer wins.
             by_model.entry(model.clone()).or_insert_with(|| route.clone());
         }
     }
-    // Only plugins some route uses need to stay loaded, but all are kept so
-    // their last good versions survive a route edit.
-    let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
-    (snapshot, BuildReport { errors, plugins: plugin_states, routes: route_states, retry })
+    by_model
 }
 
 async fn load_plugin(
@@ -199,40 +257,42 @@ async fn load_plugin(
     // Same declaration, same bytes: the loaded version is still right.
     if let Some(last) = previous.plugins.get(&decl.key)
         && last.decl == *decl
-        && last.plugin.digest() == digest
+        && last.digest() == digest
     {
         return Ok(last.clone());
     }
     let module = runtime.load(bytes, decl.sha256.as_deref()).await.map_err(|e| {
-        let reason =
-            if matches!(e, sluice_runtime::LoadError::DigestMismatch { .. }) { "DigestMismatch" } else { "LoadFailed" };
+        let reason = match e {
+            sluice_runtime::LoadError::DigestMismatch { .. } => reason::DIGEST_MISMATCH,
+            _ => reason::LOAD_FAILED,
+        };
         LoadFailure { reason, ..LoadFailure::permanent(e.to_string()) }
     })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let plugin = module
+    let configured = module
         .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
         .await
         .map_err(|e| LoadFailure::permanent(e.to_string()))?;
     tracing::info!(plugin = %decl.key, source = %decl.source, digest = %module.digest(), "plugin loaded");
-    Ok(Arc::new(LoadedPlugin { decl: decl.clone(), plugin }))
+    Ok(Arc::new(LoadedPlugin { decl: decl.clone(), configured }))
 }
 
 /// Fetches an OCI plugin's module, verified against the pin if there is one.
 async fn pull(
     registry: Option<&Registry>,
     reference: &str,
-    policy: PullPolicy,
+    policy: sluice_core::PullPolicy,
     credentials: Option<&RegistryCredentials>,
     decl: &PluginDecl,
 ) -> Result<Vec<u8>, LoadFailure> {
     let registry = registry.ok_or_else(|| LoadFailure::permanent("OCI sources need a registry client"))?;
     let parsed: Reference = reference.parse().map_err(|e: sluice_oci::OciError| LoadFailure {
-        reason: "InvalidReference",
+        reason: reason::INVALID_REFERENCE,
         ..LoadFailure::permanent(e.to_string())
     })?;
     let policy = match policy {
-        PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
-        PullPolicy::Always => sluice_oci::PullPolicy::Always,
+        sluice_core::PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
+        sluice_core::PullPolicy::Always => sluice_oci::PullPolicy::Always,
     };
     let credentials = credentials.map(|c| match c {
         RegistryCredentials::Basic { username, password } => {
@@ -248,9 +308,9 @@ async fn pull(
         Err(error) => Err(LoadFailure {
             transient: error.is_transient(),
             reason: if matches!(error, sluice_oci::OciError::DigestMismatch { .. }) {
-                "DigestMismatch"
+                reason::DIGEST_MISMATCH
             } else {
-                "PullFailed"
+                reason::PULL_FAILED
             },
             message: format!("pulling {reference}: {error}"),
         }),
@@ -290,92 +350,145 @@ fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
     Ok(value)
 }
 
-/// The admin view of a snapshot.
-#[derive(Serialize)]
-pub struct SnapshotView {
-    generation: u64,
-    routes: Vec<RouteView>,
-    plugins: Vec<PluginView>,
-}
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
 
-#[derive(Serialize)]
-struct RouteView {
-    name: String,
-    models: Vec<String>,
-    backends: Vec<BackendView>,
-    plugins: Vec<String>,
-}
+    use sluice_core::{BackendDecl, Isolation, Phase};
+    use sluice_runtime::RuntimeConfig;
 
-#[derive(Serialize)]
-struct BackendView {
-    url: String,
-    model: Option<String>,
-    #[serde(rename = "apiKey")]
-    api_key: bool,
-}
+    use super::*;
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PluginView {
-    name: String,
-    source: String,
-    digest: String,
-    failure_policy: FailurePolicy,
-    hooks: Vec<&'static str>,
-    isolation: sluice_core::Isolation,
-    timeout_ms: u128,
-    max_memory_mi_b: usize,
-}
+    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
+    fn dist(name: &str) -> PathBuf {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/dist")).join(format!("{name}.wasm"))
+    }
 
-impl Snapshot {
-    pub fn view(&self) -> SnapshotView {
-        let mut plugins: Vec<_> = self
-            .plugins
-            .values()
-            .map(|p| {
-                use sluice_runtime::Hooks;
-                let hooks = p.plugin.hooks();
-                let names = [
-                    (Hooks::REQUEST, "request"),
-                    (Hooks::RESPONSE_HEAD, "response-head"),
-                    (Hooks::RESPONSE_CHUNK, "response-chunk"),
-                    (Hooks::RESPONSE_BODY, "response-body"),
-                    (Hooks::RESPONSE_END, "response-end"),
-                ]
-                .into_iter()
-                .filter_map(|(hook, name)| hooks.contains(hook).then_some(name))
-                .collect();
-                PluginView {
-                    name: p.decl.key.to_string(),
-                    source: p.decl.source.to_string(),
-                    digest: p.plugin.digest().to_string(),
-                    failure_policy: p.decl.failure_policy,
-                    hooks: names,
-                    isolation: p.decl.isolation,
-                    timeout_ms: p.decl.timeout.as_millis(),
-                    max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
-                }
-            })
-            .collect();
-        plugins.sort_by(|a, b| a.name.cmp(&b.name));
-        let routes = self
-            .routes
-            .iter()
-            .map(|r| RouteView {
-                name: r.decl.key.to_string(),
-                models: r.decl.models.clone(),
-                backends: r
-                    .backends
-                    .iter()
-                    .map(|b| BackendView {
-                        url: b.url.clone(),
-                        model: b.model.clone(),
-                        api_key: b.authorization.is_some(),
-                    })
-                    .collect(),
-                plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
-            })
-            .collect();
-        SnapshotView { generation: self.generation, routes, plugins }
+    fn plugin(name: &str, path: PathBuf, config: serde_json::Value) -> PluginDecl {
+        PluginDecl {
+            key: ResourceKey::new("default", name),
+            source: PluginSource::File(path),
+            phase: Phase::Filter,
+            sha256: None,
+            config,
+            failure_policy: FailurePolicy::Closed,
+            timeout: Duration::from_secs(5),
+            max_memory_bytes: 64 << 20,
+            isolation: Isolation::PerRequest,
+        }
+    }
+
+    fn add_header(value: &str) -> PluginDecl {
+        plugin("add-header", dist("add-header"), serde_json::json!({"header": "x-team", "value": value}))
+    }
+
+    fn route(name: &str, models: &[&str], plugins: &[&str]) -> RouteDecl {
+        RouteDecl {
+            key: ResourceKey::new("default", name),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            backends: vec![BackendDecl { url: "http://127.0.0.1:1/v1".into(), model: None, api_key: None }],
+            plugins: plugins.iter().map(|p| ResourceKey::new("default", *p)).collect(),
+            timeout: RouteDecl::DEFAULT_TIMEOUT,
+        }
+    }
+
+    fn runtime() -> Runtime {
+        Runtime::new(RuntimeConfig { max_instances: 20, ..Default::default() }).unwrap()
+    }
+
+    async fn apply(
+        runtime: &Runtime,
+        previous: &Snapshot,
+        plugins: Vec<PluginDecl>,
+        routes: Vec<RouteDecl>,
+    ) -> (Snapshot, BuildReport) {
+        build(runtime, None, &DesiredConfig { revision: 0, plugins, routes }, previous).await
+    }
+
+    fn served_by(snapshot: &Snapshot, model: &str) -> Option<String> {
+        snapshot.route_for(model).map(|r| r.decl.key.name.clone())
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_plugin_is_not_loaded_again() {
+        let runtime = runtime();
+        let (first, report) = apply(&runtime, &Snapshot::default(), vec![add_header("a")], vec![]).await;
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        let (second, _) = apply(&runtime, &first, vec![add_header("a")], vec![]).await;
+        let key = ResourceKey::new("default", "add-header");
+        assert!(Arc::ptr_eq(&first.plugins[&key], &second.plugins[&key]), "same declaration and bytes were reloaded");
+        // A config change is a new version of the same module.
+        let (third, _) = apply(&runtime, &second, vec![add_header("b")], vec![]).await;
+        assert!(!Arc::ptr_eq(&second.plugins[&key], &third.plugins[&key]));
+        assert_eq!(second.plugins[&key].digest(), third.plugins[&key].digest());
+        assert_eq!(third.generation, 3);
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_fails_to_load_keeps_its_last_good_version() {
+        let runtime = runtime();
+        let routes = vec![route("chat", &["m"], &["add-header"])];
+        let (first, _) = apply(&runtime, &Snapshot::default(), vec![add_header("a")], routes.clone()).await;
+        let good = first.plugins[&ResourceKey::new("default", "add-header")].digest().to_string();
+
+        let broken = plugin("add-header", dist("no-such-plugin"), serde_json::json!({}));
+        let (second, report) = apply(&runtime, &first, vec![broken], routes.clone()).await;
+        let state = &report.plugins[&ResourceKey::new("default", "add-header")];
+        assert!(!state.ready);
+        assert_eq!(state.reason.as_deref(), Some(reason::LOAD_FAILED));
+        assert_eq!(state.digest.as_deref(), Some(good.as_str()), "the state names the version still served");
+        assert!(report.errors[0].message.contains("still serving the last good version"), "{:?}", report.errors);
+        assert_eq!(served_by(&second, "m").as_deref(), Some("chat"));
+        assert_eq!(second.route_for("m").unwrap().chain[0].decl.config["value"], "a");
+
+        // A config the plugin rejects, with no last good version: reported, nothing served.
+        let rejected = plugin("fresh", dist("add-header"), serde_json::json!({"header": "bad name"}));
+        let (third, report) = apply(&runtime, &Snapshot::default(), vec![rejected], vec![]).await;
+        assert!(third.plugins.is_empty());
+        assert_eq!(report.plugins[&ResourceKey::new("default", "fresh")].digest, None);
+    }
+
+    #[tokio::test]
+    async fn a_route_whose_chain_is_missing_keeps_its_last_good_version_or_is_not_served() {
+        let runtime = runtime();
+        let (first, _) =
+            apply(&runtime, &Snapshot::default(), vec![add_header("a")], vec![route("chat", &["m"], &["add-header"])])
+                .await;
+        // The route now names a plugin that does not exist.
+        let (second, report) =
+            apply(&runtime, &first, vec![add_header("a")], vec![route("chat", &["m", "n"], &["nope"])]).await;
+        let state = &report.routes[&ResourceKey::new("default", "chat")];
+        assert_eq!(state.reason.as_deref(), Some(reason::CHAIN_NOT_READY));
+        assert_eq!(served_by(&second, "m").as_deref(), Some("chat"), "the last good route serves");
+        assert_eq!(served_by(&second, "n"), None, "the failed generation's new model is not served");
+
+        let (third, report) =
+            apply(&runtime, &Snapshot::default(), vec![], vec![route("new", &["x"], &["nope"])]).await;
+        assert!(!report.routes[&ResourceKey::new("default", "new")].ready);
+        assert_eq!(served_by(&third, "x"), None);
+    }
+
+    #[tokio::test]
+    async fn a_model_claimed_by_two_routes_goes_to_the_first_and_the_second_is_reported() {
+        let runtime = runtime();
+        let routes = vec![route("a", &["m1", "m2"], &[]), route("b", &["m2", "m3"], &[])];
+        let (snapshot, report) = apply(&runtime, &Snapshot::default(), vec![], routes).await;
+        assert_eq!(served_by(&snapshot, "m2").as_deref(), Some("a"));
+        assert_eq!(served_by(&snapshot, "m3"), None, "a conflicting route is not served at all");
+        let b = &report.routes[&ResourceKey::new("default", "b")];
+        assert_eq!(b.reason.as_deref(), Some(reason::MODEL_CONFLICT));
+        assert!(report.routes[&ResourceKey::new("default", "a")].ready);
+    }
+
+    #[tokio::test]
+    async fn auth_plugins_run_first_whatever_the_route_order() {
+        let runtime = runtime();
+        let mut auth = plugin("deny", dist("deny"), serde_json::json!({"header": "x-t", "values": ["b"]}));
+        auth.phase = Phase::Auth;
+        let routes = vec![route("chat", &["m"], &["add-header", "deny"])];
+        let (snapshot, _) = apply(&runtime, &Snapshot::default(), vec![add_header("a"), auth], routes).await;
+        let chain: Vec<_> = snapshot.route_for("m").unwrap().chain.iter().map(|p| p.decl.key.name.clone()).collect();
+        assert_eq!(chain, ["deny", "add-header"]);
     }
 }

@@ -11,7 +11,7 @@ use sluice_api::Document;
 use sluice_core::{DesiredConfig, PluginSource, ResourceError};
 use tokio::sync::{mpsc, watch};
 
-use super::{ConfigSource, ConfigUpdate};
+use super::ConfigUpdate;
 
 /// Editors and `cp` write in several steps; wait for quiet before reading.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -29,8 +29,10 @@ impl FileSource {
     }
 }
 
-impl ConfigSource for FileSource {
-    async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) {
+impl FileSource {
+    /// Publishes the directory's desired config, then again after every
+    /// change, until the receiving side is dropped.
+    pub async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if event.is_ok() {

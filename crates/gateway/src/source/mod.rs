@@ -1,17 +1,10 @@
 //! Where desired config comes from. A source publishes the whole desired
-//! state on a watch channel: the gateway only ever needs the latest.
+//! state on a watch channel, the latest only: standalone mode's
+//! [`FileSource`] here, and the Kubernetes feed in `sluice-controller`
+//! (which cannot depend on this crate). Both have the same shape, an
+//! `async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>)`.
 
 mod file;
 
 pub use file::FileSource;
-
-use std::future::Future;
-
 pub use sluice_core::ConfigUpdate;
-use tokio::sync::watch;
-
-pub trait ConfigSource: Send + 'static {
-    /// Publishes the current desired config, then again after every change,
-    /// until the receiving side is dropped.
-    fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) -> impl Future<Output = ()> + Send;
-}

@@ -1,0 +1,140 @@
+//! A route's plugin chain during one exchange: the request phase runs each
+//! plugin's request hook in chain order, and keeps the instances that want
+//! to see the response ([`Engaged`]) for the response phase.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, header};
+use sluice_core::ApiError;
+use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction};
+
+use crate::body::{Body, error_response, full};
+use crate::headers::{apply_edits, to_pairs};
+use crate::snapshot::{LoadedPlugin, Route};
+
+/// The hooks that keep an instance alive past the request phase.
+pub fn response_hooks() -> Hooks {
+    Hooks::RESPONSE_HEAD | Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END
+}
+
+/// The request as the chain edits it.
+pub struct Outgoing {
+    pub method: Method,
+    /// Path and query.
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// A plugin instance engaged in this exchange: it saw the request and waits
+/// for the response, in reverse chain order.
+pub struct Engaged {
+    pub plugin: Arc<LoadedPlugin>,
+    pub instance: PluginInstance,
+    /// Set when the plugin failed under `failurePolicy: Open`: it is skipped
+    /// for the rest of this exchange.
+    skipped: bool,
+}
+
+impl Engaged {
+    /// The hooks still to call: none once the plugin is skipped.
+    pub fn hooks(&self) -> Hooks {
+        if self.skipped { Hooks::empty() } else { self.plugin.hooks() }
+    }
+
+    pub fn wants(&self, hook: Hooks) -> bool {
+        self.hooks().contains(hook)
+    }
+
+    pub fn name(&self) -> &str {
+        self.plugin.name()
+    }
+
+    /// A failing plugin ends the exchange (`Closed`) or is skipped from here
+    /// on (`Open`).
+    pub fn fail(&mut self, error: PluginError) -> Result<(), ApiError> {
+        self.plugin.on_failure(error)?;
+        self.skipped = true;
+        Ok(())
+    }
+}
+
+/// How the request phase ended.
+pub enum Filtered {
+    /// Forward the (edited) request; these instances wait for the response.
+    Forward(Vec<Engaged>),
+    /// A plugin answered the request itself.
+    Respond(http::Response<Body>),
+}
+
+/// Runs the route's request hooks in chain order.
+pub async fn request_filters(route: &Route, model: &str, outgoing: &mut Outgoing) -> Result<Filtered, ApiError> {
+    let mut engaged = Vec::new();
+    for plugin in &route.chain {
+        match request_filter(plugin, route, model, outgoing).await {
+            Ok(Step::Continue(instance)) => {
+                engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
+            }
+            Ok(Step::Respond(response)) => return Ok(Filtered::Respond(response)),
+            Err(error) => plugin.on_failure(error)?,
+        }
+    }
+    Ok(Filtered::Forward(engaged))
+}
+
+enum Step {
+    /// Go on; the instance is kept if the plugin wants the response.
+    Continue(Option<PluginInstance>),
+    Respond(http::Response<Body>),
+}
+
+async fn request_filter(
+    plugin: &LoadedPlugin,
+    route: &Route,
+    model: &str,
+    outgoing: &mut Outgoing,
+) -> Result<Step, PluginError> {
+    let hooks = plugin.hooks();
+    if hooks == Hooks::empty() {
+        return Ok(Step::Continue(None));
+    }
+    let mut instance = plugin.instance().await?;
+    if hooks.contains(Hooks::REQUEST) {
+        let view = sluice_runtime::Request {
+            method: outgoing.method.to_string(),
+            path: outgoing.path.clone(),
+            headers: to_pairs(&outgoing.headers),
+            body: outgoing.body.to_vec(),
+            model: model.to_string(),
+            route: route.decl.key.to_string(),
+        };
+        match instance.request_filter(&view).await? {
+            RequestAction::Continue(edits) => {
+                apply_edits(&mut outgoing.headers, &edits.set_headers, &edits.remove_headers)
+                    .map_err(PluginError::InvalidEdit)?;
+                if let Some(body) = edits.body {
+                    outgoing.body = Bytes::from(body);
+                }
+            }
+            RequestAction::Respond(direct) => return Ok(Step::Respond(direct_response(plugin, direct))),
+        }
+    }
+    let keep = hooks.intersects(response_hooks());
+    Ok(Step::Continue(keep.then_some(instance)))
+}
+
+fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse) -> http::Response<Body> {
+    let status = StatusCode::from_u16(direct.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if direct.body.is_empty() && status.as_u16() >= 400 {
+        return error_response(&ApiError::plugin_rejected(plugin.name(), status.as_u16()));
+    }
+    let mut response = http::Response::new(full(direct.body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Err(error) = apply_edits(headers, &direct.headers, &[]) {
+        tracing::warn!(plugin = plugin.name(), %error, "direct response header dropped");
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    response
+}
