@@ -39,7 +39,8 @@ impl RegistryArgs {
     pub fn registry(&self) -> anyhow::Result<Registry> {
         let cache_dir = match &self.oci_cache_dir {
             Some(dir) => dir.clone(),
-            None => default_cache_dir().context("no --oci-cache-dir, and neither XDG_CACHE_HOME nor HOME is set")?,
+            None => crate::default_cache_dir("oci")
+                .context("no --oci-cache-dir, and neither XDG_CACHE_HOME nor HOME is set")?,
         };
         let mut options = RegistryOptions::new(cache_dir);
         options.insecure_registries = self.insecure_registries.clone();
@@ -193,11 +194,4 @@ fn key_value(text: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {text:?}")),
     }
-}
-
-fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
-    Some(base.join("sluice").join("oci"))
 }

@@ -1,0 +1,173 @@
+//! `sluice run`: build the runtime, the gateway and the config source, serve
+//! until shutdown, then drain.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sluice_gateway::{FileSource, Gateway, Settings};
+use sluice_runtime::{Runtime, RuntimeConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::oci_cmd::RegistryArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Directory of GatewayPlugin and AIModelRoute YAML, watched for changes.
+    #[arg(long, required_unless_present = "kubernetes", conflicts_with = "kubernetes")]
+    pub config: Option<PathBuf>,
+    /// Read GatewayPlugins and AIModelRoutes from the Kubernetes API, and
+    /// write their status. Uses the in-cluster config, or `--kubeconfig`,
+    /// or `KUBECONFIG`/`~/.kube/config`.
+    #[arg(long)]
+    pub kubernetes: bool,
+    #[arg(long, requires = "kubernetes", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Watch this namespace only (the least privilege: a Role there is
+    /// enough). All namespaces when not given.
+    #[arg(long, requires = "kubernetes", env = "SLUICE_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Namespace of the leader Lease and of the replicas' report Leases.
+    #[arg(long, requires = "kubernetes", env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in load reports and Events (the pod name).
+    #[arg(long, requires = "kubernetes", env = "POD_NAME")]
+    pub replica_name: Option<String>,
+    /// On shutdown, how long to keep accepting requests with /readyz
+    /// failing, so load balancers stop routing here first.
+    #[arg(long, default_value_t = 0)]
+    pub shutdown_delay_seconds: u64,
+    /// Data plane (OpenAI API) address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin address: /healthz, /readyz, /admin/config.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// Where compiled plugins are cached across restarts
+    /// [default: $XDG_CACHE_HOME/sluice/compiled].
+    #[arg(long, env = "SLUICE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = Settings::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// Plugin instances alive at once, across all requests.
+    #[arg(long, default_value_t = RuntimeConfig::default().max_instances)]
+    pub max_plugin_instances: u32,
+    /// On shutdown, how long in-flight requests (streams included) may take to finish.
+    #[arg(long, default_value_t = 30)]
+    pub drain_seconds: u64,
+    /// How often plugins from OCI tags with `pullPolicy: Always` are resolved again.
+    #[arg(long, default_value_t = Settings::default().oci_resync.as_secs())]
+    pub oci_resync_seconds: u64,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// Runs the gateway until `shutdown` resolves, then drains: /readyz fails
+/// first, requests are still served for `--shutdown-delay-seconds`, then
+/// in-flight requests get `--drain-seconds` to finish.
+pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let gateway = build_gateway(&args)?;
+    let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let admin = TcpListener::bind(args.admin).await.with_context(|| format!("binding {}", args.admin))?;
+
+    let (updates_tx, updates_rx) = watch::channel(None);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let controller = start_config_source(&args, &gateway, updates_tx, stop_rx.clone()).await?;
+    tokio::spawn(gateway.clone().follow(updates_rx));
+
+    let admin_task = tokio::spawn(sluice_gateway::serve_admin(gateway.clone(), admin, stopped(stop_rx)));
+    let draining = gateway.clone();
+    let shutdown_delay = Duration::from_secs(args.shutdown_delay_seconds);
+    let begin_shutdown = async move {
+        shutdown.await;
+        draining.begin_drain();
+        if !shutdown_delay.is_zero() {
+            tracing::info!(delay = ?shutdown_delay, "shutting down: not ready, still serving");
+            tokio::time::sleep(shutdown_delay).await;
+        }
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = stop_tx.send(true);
+    };
+    sluice_gateway::serve_data_plane(gateway, data, begin_shutdown, Duration::from_secs(args.drain_seconds)).await;
+    let _ = admin_task.await;
+    if let Some(controller) = controller {
+        // Hands the lead over and withdraws this replica's report.
+        let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
+    let cache_dir = args.cache_dir.clone().or_else(|| crate::default_cache_dir("compiled"));
+    let runtime =
+        Runtime::new(RuntimeConfig { cache_dir, max_instances: args.max_plugin_instances, ..Default::default() })
+            .context("starting the plugin runtime")?;
+    let registry = args.registry.registry().context("setting up the OCI registry client")?;
+    let settings = Settings {
+        max_body_bytes: args.max_body_bytes,
+        oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)),
+    };
+    Ok(Gateway::new(runtime, Some(registry), settings)?)
+}
+
+/// Starts the directory watcher, or the Kubernetes controller (whose task
+/// is returned, to be awaited on shutdown).
+async fn start_config_source(
+    args: &RunArgs,
+    gateway: &Gateway,
+    updates: watch::Sender<Option<sluice_gateway::ConfigUpdate>>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    if let Some(config) = &args.config {
+        tracing::info!(listen = %args.listen, admin = %args.admin, config = %config.display(), "sluice starting");
+        tokio::spawn(FileSource::new(config).run(updates));
+        return Ok(None);
+    }
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let options = sluice_controller::Options {
+        namespace: args.watch_namespace.clone(),
+        lease_namespace: args.lease_namespace.clone(),
+        replica: args.replica_name.clone().unwrap_or_else(hostname),
+    };
+    tracing::info!(
+        listen = %args.listen,
+        admin = %args.admin,
+        namespace = options.namespace.as_deref().unwrap_or("(all)"),
+        replica = %options.replica,
+        "sluice starting on Kubernetes"
+    );
+    let controller = sluice_controller::run(client, options, updates, gateway.load_reports(), stopped(stop));
+    Ok(Some(tokio::spawn(controller)))
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await.context("finding the Kubernetes API (in-cluster or kubeconfig)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("sluice-{}", std::process::id()))
+}
