@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::setup::run_logged;
+use crate::toolchain::run_logged;
 use crate::{output, step};
 
 /// The Kubernetes release the API server and kubectl are built from; the

@@ -5,11 +5,13 @@
 //! runs, so a failure can be reproduced by hand.
 
 mod bench;
+mod cycles;
 mod kube;
 mod plugins;
 mod process;
 mod quickstart;
-mod setup;
+mod test;
+mod toolchain;
 
 use std::env;
 use std::ffi::OsString;
@@ -52,7 +54,7 @@ fn main() -> Result<()> {
     env::set_current_dir(repo_root()).context("cannot enter the repository root")?;
     match cli.command {
         Task::Plugins => plugins::build(),
-        Task::Test { cargo_test_args } => setup::test(&cargo_test_args),
+        Task::Test { cargo_test_args } => test::test(&cargo_test_args),
         Task::Quickstart(args) => quickstart::main(args),
         Task::Bench(args) => bench::main(args),
         Task::Kube => {

@@ -17,7 +17,7 @@ use std::thread;
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 
-use crate::setup::{self, GuestTools, absolute};
+use crate::toolchain::{self, GuestTools, absolute};
 use crate::{cargo, cargo_metadata, run, step, target_dir};
 
 const MANIFEST: &str = "plugins/Cargo.toml";
@@ -26,30 +26,37 @@ const WIT: &str = "wit";
 const EXAMPLES: &str = "plugins/examples";
 
 pub fn build() -> Result<()> {
-    setup::ensure_wasm_target()?;
-    let tools = setup::guest_tools()?;
-    let target_dir = build_first_party()?;
+    toolchain::ensure_wasm_target()?;
+    let tools = toolchain::guest_tools()?;
+    let target_dir = build_first_party(&[])?;
     build_examples(&tools, &target_dir)
 }
 
-/// Builds the plugins/ workspace and publishes each cdylib; returns the
-/// workspace's target directory.
-fn build_first_party() -> Result<PathBuf> {
+/// Builds only the named first-party plugins (Rust, so the wasm target is
+/// all they need) and publishes them: what the quickstart serves.
+pub fn build_only(packages: &[&str]) -> Result<()> {
+    toolchain::ensure_wasm_target()?;
+    build_first_party(packages).map(drop)
+}
+
+/// Builds the plugins/ workspace (or only `packages`, if any are named) and
+/// publishes each cdylib built; returns the workspace's target directory.
+fn build_first_party(packages: &[&str]) -> Result<PathBuf> {
     step("Building the plugins (plugins/)");
-    run(cargo().args([
-        "build",
-        "--release",
-        "--target",
-        setup::WASM_TARGET,
-        "--manifest-path",
-        MANIFEST,
-        "--workspace",
-    ]))?;
+    let mut build = cargo();
+    build.args(["build", "--release", "--target", toolchain::WASM_TARGET, "--manifest-path", MANIFEST]);
+    if packages.is_empty() {
+        build.arg("--workspace");
+    }
+    for package in packages {
+        build.args(["--package", package]);
+    }
+    run(&mut build)?;
 
     let metadata = cargo_metadata(MANIFEST)?;
     let target_dir =
         PathBuf::from(metadata["target_directory"].as_str().context("cargo metadata has no target_directory")?);
-    let release_dir = target_dir.join(setup::WASM_TARGET).join("release");
+    let release_dir = target_dir.join(toolchain::WASM_TARGET).join("release");
 
     step(&format!("Copying plugins to {DIST}/"));
     fs::create_dir_all(DIST).with_context(|| format!("cannot create {DIST}"))?;
@@ -59,6 +66,9 @@ fn build_first_party() -> Result<PathBuf> {
             continue;
         };
         let name = package["name"].as_str().context("package without a name")?;
+        if !packages.is_empty() && !packages.contains(&name) {
+            continue;
+        }
         let built = release_dir.join(format!("{lib_name}.wasm"));
         let dest = Path::new(DIST).join(format!("{name}.wasm"));
         let changed = publish(&built, &dest)?;
@@ -78,10 +88,10 @@ fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
     step(&format!("Building the examples ({EXAMPLES}/)"));
     let manifest = format!("{EXAMPLES}/rust/Cargo.toml");
     run(cargo()
-        .args(["build", "--release", "--locked", "--target", setup::WASM_TARGET, "--manifest-path", &manifest])
+        .args(["build", "--release", "--locked", "--target", toolchain::WASM_TARGET, "--manifest-path", &manifest])
         .arg("--target-dir")
         .arg(target_dir))?;
-    let built = target_dir.join(setup::WASM_TARGET).join("release/example_decorator_lite.wasm");
+    let built = target_dir.join(toolchain::WASM_TARGET).join("release/example_decorator_lite.wasm");
     let rust = Path::new(DIST).join("example-rust.wasm");
     let changed = publish(&built, &rust)?;
 
@@ -129,7 +139,7 @@ impl Example {
         let mut cmd = (self.command)(&partial);
         // A fresh log per build: only this build's output is shown on failure.
         fs::write(&log, "").with_context(|| format!("cannot create {}", log.display()))?;
-        setup::run_logged(&mut cmd, &log)?;
+        toolchain::run_logged(&mut cmd, &log)?;
         fs::rename(&partial, self.dest()).with_context(|| format!("cannot replace {}", self.dest().display()))?;
         fs::write(self.stamp(), hash)?;
         Ok("built")
@@ -173,7 +183,7 @@ fn python_example(tools: &GuestTools) -> Example {
 }
 
 fn js_example() -> Example {
-    let dir = Path::new(setup::JS_EXAMPLE_DIR);
+    let dir = Path::new(toolchain::JS_EXAMPLE_DIR);
     let build = dir.join("build.mjs");
     Example {
         name: "example-js",

@@ -60,6 +60,34 @@ impl Drop for Running {
     }
 }
 
+/// Prints, from a background thread, each line appended to `log` from now
+/// on that `show` picks.
+pub fn follow_log(log: &Path, show: impl Fn(&str) -> bool + Send + 'static) {
+    let log = log.to_path_buf();
+    let mut from = fs::metadata(&log).map_or(0, |m| m.len());
+    thread::spawn(move || {
+        let mut pending = String::new();
+        loop {
+            thread::sleep(Duration::from_millis(200));
+            let Ok(mut file) = File::open(&log) else { continue };
+            let mut new = Vec::new();
+            if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(from)).is_err()
+                || file.read_to_end(&mut new).is_err()
+            {
+                continue;
+            }
+            from += new.len() as u64;
+            pending.push_str(&String::from_utf8_lossy(&new));
+            while let Some(end) = pending.find('\n') {
+                let line: String = pending.drain(..=end).collect();
+                if show(&line) {
+                    print!("  gateway: {line}");
+                }
+            }
+        }
+    });
+}
+
 fn log_tail(log: &Path, lines: usize) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();

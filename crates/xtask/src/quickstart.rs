@@ -31,10 +31,16 @@ pub struct Args {
     upstream: SocketAddr,
 }
 
+/// The plugins deploy/quickstart serves: the only ones it builds.
+const PLUGINS: &[&str] = &["add-header", "deny"];
+
 pub fn main(args: Args) -> Result<()> {
-    plugins::build()?;
-    step("Building the sluice binary");
-    run(cargo().args(["build", "--package", "sluice"]))?;
+    step("Plugins: add-header and deny, for wasm32-wasip2 (about 30 s the first time)");
+    plugins::build_only(PLUGINS)?;
+    // The very build `cargo xtask test` runs: the same feature set, so
+    // either command reuses what the other compiled.
+    step("The sluice binary (about 8 min and 3 GB the first time on 2 cores; seconds after that)");
+    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
 
     // The committed config points at the default upstream. For another one,
     // serve a rewritten copy, which lives as long as `rewritten`.
@@ -43,6 +49,11 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         let dir = tempfile::tempdir()?;
         copy_config_for_upstream(Path::new(CONFIG_DIR), dir.path(), args.upstream)?;
+        println!(
+            "Serving a copy of {CONFIG_DIR}/ in {} with the backend at {}: edit the copy, not {CONFIG_DIR}/.",
+            dir.path().display(),
+            args.upstream
+        );
         Some(dir)
     };
     let config_dir = match &rewritten {
@@ -50,7 +61,7 @@ pub fn main(args: Args) -> Result<()> {
         Some(dir) => dir.path().to_path_buf(),
     };
 
-    step("Starting the echo upstream and the gateway");
+    step("Starting the echo upstream and the gateway (a few seconds)");
     let logs = target_dir().join("quickstart");
     fs::create_dir_all(&logs)?;
     let sluice = sluice_binary("debug");
@@ -72,6 +83,10 @@ pub fn main(args: Args) -> Result<()> {
     process::wait_for_ready(args.admin, &mut [&mut upstream, &mut gateway], READY_TIMEOUT)?;
 
     print_try_it(&args, &config_dir, &logs);
+    // Reloads and config errors show here as they happen, not only in the log.
+    process::follow_log(&logs.join("gateway.log"), |line| {
+        line.contains("config applied") || line.contains(" WARN ") || line.contains(" ERROR ")
+    });
 
     let shutdown = process::shutdown_signal()?;
     loop {
@@ -150,7 +165,9 @@ What the gateway has loaded (routes, plugins and their digests, config errors):
 
   curl -s http://{admin}/admin/config
 
-Edit the YAML in {config_dir}/ and the gateway reloads it. Press Ctrl-C to stop."#,
+Edit the YAML in {config_dir}/ and the gateway reloads it; reloads and config
+errors are shown below. Press Ctrl-C to stop.
+"#,
         config_dir = config_dir.display(),
         logs = logs.display(),
     );

@@ -1,6 +1,5 @@
-//! `cargo xtask test`, and the idempotent setup steps it shares with the
-//! other tasks. Each check is cheap, so a warm run only pays for cargo's own
-//! up-to-date checks.
+//! The toolchains the tasks need, each set up idempotently: every check is
+//! cheap, so a warm run only pays for cargo's own up-to-date checks.
 //!
 //! Besides the Rust toolchain, the guest examples in plugins/examples need:
 //! - Debian's C toolchain for wasm ([`C_TOOLCHAIN_PACKAGES`]);
@@ -14,7 +13,6 @@
 //! - the WASI preview 1 reactor adapter, from a crate.
 
 use std::env;
-use std::ffi::OsString;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,7 +21,7 @@ use std::thread;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::{cargo, display, kube, output, plugins, run, step, target_dir};
+use crate::{cargo, display, output, run, step, target_dir};
 
 /// The target the plugins are built for.
 pub const WASM_TARGET: &str = "wasm32-wasip2";
@@ -33,11 +31,6 @@ pub const WASM_TARGET: &str = "wasm32-wasip2";
 /// tokenizer) and make.
 pub const C_TOOLCHAIN_PACKAGES: &[&str] =
     &["clang-19", "lld-19", "wasi-libc", "libclang-rt-19-dev-wasm32", "libjsmn-dev", "make"];
-
-/// Debian packages the test suite needs beyond the Rust toolchain and the
-/// guest toolchains: an OCI registry and an independent client for the OCI
-/// tests.
-const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo"];
 
 /// Python tools, pinned, installed into the tools venv.
 pub const PYTHON_TOOLS: &[&str] = &[
@@ -58,38 +51,6 @@ pub const JS_EXAMPLE_DIR: &str = "plugins/examples/js";
 
 /// The environment variable that gives the tests the tools venv.
 pub const TOOLS_VENV_ENV: &str = "SLUICE_TOOLS_VENV";
-
-pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
-    step("Setup: toolchain and system packages");
-    let packages: Vec<&str> = C_TOOLCHAIN_PACKAGES.iter().chain(TEST_PACKAGES).copied().collect();
-    ensure_debian_packages(&packages)?;
-    // `plugins::build` also ensures the wasm target and the guest tools.
-    plugins::build()?;
-
-    // The end-to-end tests run the real binary from target/debug/sluice.
-    // One build for it and the tests: `cargo build -p sluice` alone resolves
-    // features without the dev-dependencies, so `cargo test` would then
-    // compile wasmtime, kube, hyper and 140 other crates a second time.
-    step("Building the sluice binary and the tests");
-    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
-
-    // The plugins' own unit tests run natively; the guest workspace is separate.
-    step("Running the plugins' unit tests");
-    run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
-
-    // A real kube-apiserver, kubectl and etcd for the Kubernetes tests.
-    let kube_bin = kube::ensure()?;
-
-    step("Running the test suite");
-    let venv = absolute(&tools_venv())?;
-    println!("{TOOLS_VENV_ENV}={}", venv.display());
-    println!("{}={}", kube::BIN_DIR_ENV, kube_bin.display());
-    run(cargo()
-        .args(["test", "--workspace"])
-        .args(cargo_test_args)
-        .env(TOOLS_VENV_ENV, venv)
-        .env(kube::BIN_DIR_ENV, kube_bin))
-}
 
 /// Adds the wasm target to the active toolchain unless it is already there.
 pub fn ensure_wasm_target() -> Result<()> {
@@ -277,7 +238,7 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 /// Installs whichever of `packages` are missing, with one `apt-get update`.
-fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
+pub fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages.iter().copied().filter(|package| !debian_package_installed(package)).collect();
     if missing.is_empty() {
         if !packages.is_empty() {

@@ -8,10 +8,8 @@ use std::time::{Duration, SystemTime};
 use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 use sluice_api::Document;
-use sluice_core::{DesiredConfig, PluginSource, ResourceError};
+use sluice_core::{ConfigUpdate, DesiredConfig, PluginSource, ResourceError};
 use tokio::sync::{mpsc, watch};
-
-use super::ConfigUpdate;
 
 /// Editors and `cp` write in several steps; wait for quiet before reading.
 const SETTLE: Duration = Duration::from_millis(50);

@@ -1,0 +1,55 @@
+//! `cargo xtask test`: install what the suite needs, check the code's shape
+//! (format, lints, no import cycles), build once, and run every test.
+
+use std::ffi::OsString;
+
+use anyhow::Result;
+
+use crate::toolchain::{self, C_TOOLCHAIN_PACKAGES, TOOLS_VENV_ENV, absolute, tools_venv};
+use crate::{cargo, cycles, kube, plugins, run, step};
+
+/// Debian packages the test suite needs beyond the Rust toolchain and the
+/// guest toolchains: an OCI registry and an independent client for the OCI
+/// tests.
+const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo"];
+
+pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
+    step("Checks: formatting and import cycles");
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    cycles::check()?;
+
+    step("Setup: toolchain and system packages");
+    let packages: Vec<&str> = C_TOOLCHAIN_PACKAGES.iter().chain(TEST_PACKAGES).copied().collect();
+    toolchain::ensure_debian_packages(&packages)?;
+    // `plugins::build` also ensures the wasm target and the guest tools.
+    plugins::build()?;
+
+    // The end-to-end tests run the real binary from target/debug/sluice.
+    // One build for it and the tests: `cargo build -p sluice` alone resolves
+    // features without the dev-dependencies, so `cargo test` would then
+    // compile wasmtime, kube, hyper and 140 other crates a second time.
+    step("Building the sluice binary and the tests");
+    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
+
+    // Clippy after the build: it reuses the build scripts' output, and a
+    // lint never hides a compile error behind its own.
+    step("Lints: clippy");
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+
+    // The plugins' own unit tests run natively; the guest workspace is separate.
+    step("Running the plugins' unit tests");
+    run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
+
+    // A real kube-apiserver, kubectl and etcd for the Kubernetes tests.
+    let kube_bin = kube::ensure()?;
+
+    step("Running the test suite");
+    let venv = absolute(&tools_venv())?;
+    println!("{TOOLS_VENV_ENV}={}", venv.display());
+    println!("{}={}", kube::BIN_DIR_ENV, kube_bin.display());
+    run(cargo()
+        .args(["test", "--workspace"])
+        .args(cargo_test_args)
+        .env(TOOLS_VENV_ENV, venv)
+        .env(kube::BIN_DIR_ENV, kube_bin))
+}
