@@ -82,8 +82,7 @@ impl Runtime {
 
         spawn_epoch_ticker(&engine);
         if let Some(dir) = &config.cache_dir {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StartError(format!("creating cache dir {}: {e}", dir.display())))?;
+            prepare_cache_dir(dir)?;
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -167,9 +166,10 @@ impl Runtime {
     /// compiles and writes it for the next start.
     fn compile_cached(&self, path: &Path, bytes: &[u8]) -> Result<Component, LoadError> {
         if path.exists() {
-            // SAFETY: the cache directory is ours, written only by
-            // `Component::serialize` of this engine configuration (the file
-            // name carries the engine's compatibility hash).
+            // SAFETY: the cache directory is ours and no one else can write
+            // to it (`prepare_cache_dir` refused it otherwise), written only
+            // by `Component::serialize` of this engine configuration (the
+            // file name carries the engine's compatibility hash).
             match unsafe { Component::deserialize_file(&self.inner.engine, path) } {
                 Ok(component) => return Ok(component),
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unreadable cached artifact"),
@@ -189,6 +189,45 @@ impl Runtime {
         let hex = digest.trim_start_matches("sha256:");
         Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
     }
+}
+
+/// Creates the compiled-artifact cache 0700 and refuses one that someone
+/// else could write to: its files are loaded as native code, unchecked, so
+/// whoever can plant a file there runs code in the gateway. Refusing to start
+/// (as ssh refuses a key file others can read) rather than silently
+/// compiling in memory: an operator who pointed the cache somewhere shared
+/// finds out at once, not from a slow start months later.
+fn prepare_cache_dir(dir: &Path) -> Result<(), StartError> {
+    let refuse = |why: String| StartError(format!("compiled-plugin cache {}: {why}", dir.display()));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| refuse(format!("creating it: {e}")))?;
+        let meta = std::fs::metadata(dir).map_err(|e| refuse(e.to_string()))?;
+        if meta.mode() & 0o022 != 0 {
+            return Err(refuse(format!(
+                "mode {:o} lets other users write to it, and its files are loaded as native code; \
+                 `chmod go-w` it or choose another directory",
+                meta.mode() & 0o777
+            )));
+        }
+        // /proc/self belongs to this process's effective user (Linux).
+        if let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid())
+            && meta.uid() != me
+        {
+            return Err(refuse(format!(
+                "owned by uid {}, not by this process (uid {me}), and its files are loaded as native code",
+                meta.uid()
+            )));
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir).map_err(|e| refuse(format!("creating it: {e}")))?;
+    Ok(())
 }
 
 fn write_atomically(path: &Path, component: &Component) -> Result<(), String> {
@@ -226,6 +265,27 @@ mod tests {
     fn add_header() -> Vec<u8> {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/dist/add-header.wasm");
         std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_dir_others_can_write_is_refused_and_a_new_one_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        for mode in [0o777, 0o775, 0o757] {
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).unwrap();
+            let config = RuntimeConfig { cache_dir: Some(shared.clone()), max_instances: 10, ..Default::default() };
+            let error = Runtime::new(config).err().unwrap_or_else(|| panic!("mode {mode:o} was accepted"));
+            assert!(error.to_string().contains("other users write"), "{error}");
+        }
+
+        let fresh = dir.path().join("a/b/cache");
+        let config = RuntimeConfig { cache_dir: Some(fresh.clone()), max_instances: 10, ..Default::default() };
+        Runtime::new(config).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the cache dir was created {mode:o}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
