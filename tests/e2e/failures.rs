@@ -133,3 +133,48 @@ async fn a_spinning_plugin_does_not_hold_up_other_requests() {
     }
     assert!(gateway.is_running());
 }
+
+/// Issue 11, finding 12: a replica that cannot yet load a declared plugin
+/// for a reason that may pass (its registry is down and the cache is empty)
+/// is not Ready; one whose only problem is a permanent error in one resource
+/// is, and serves the rest.
+#[tokio::test]
+async fn readyz_waits_for_transient_failures_but_not_for_permanent_ones() {
+    let echo = Echo::start().await;
+    // A registry that refuses connections: nothing listens on that port.
+    let down = closed_port_url();
+    let registry = down.trim_start_matches("http://").trim_end_matches("/v1");
+    let dir = ConfigDir::new();
+    let plugins = [Plugin::oci("remote", &format!("{registry}/plugins/remote:1.0"))];
+    let routes = [
+        Route::new("remote", &["remote"], &echo.url()).plugins(&["remote"]),
+        Route::new("plain", &["plain"], &echo.url()),
+    ];
+    dir.write("plugins.yaml", &documents(&plugins.map(|p| p.yaml())));
+    dir.write("routes.yaml", &documents(&routes.map(|r| r.yaml())));
+    let gateway = Gateway::start_live(&dir, Default::default()).await;
+    // Wait for the first config to be applied (its error is reported).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gateway.admin_config().await["errors"].as_array().is_none_or(|e| e.is_empty()) {
+        assert!(Instant::now() < deadline, "the pull failure was never reported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(gateway.readyz().await, 503, "ready although a declared plugin is still waiting for its registry");
+    // Not ready is not down: what did load is served.
+    assert_eq!(gateway.chat("plain", &[]).await.echoed()["model"], "plain");
+
+    // A permanent error (a config the plugin rejects) is reported, and does
+    // not hold readiness back.
+    let dir = ConfigDir::new();
+    let plugins = [Plugin::new("broken", "add-header").config(json!({"no-such-field": 1}))];
+    let routes = [
+        Route::new("broken", &["broken"], &echo.url()).plugins(&["broken"]),
+        Route::new("plain", &["plain"], &echo.url()),
+    ];
+    dir.write("plugins.yaml", &documents(&plugins.map(|p| p.yaml())));
+    dir.write("routes.yaml", &documents(&routes.map(|r| r.yaml())));
+    let gateway = Gateway::start(&dir).await;
+    assert_eq!(gateway.readyz().await, 200);
+    assert!(!gateway.admin_config().await["errors"].as_array().unwrap().is_empty());
+    assert_eq!(gateway.chat("plain", &[]).await.echoed()["model"], "plain");
+}

@@ -240,3 +240,54 @@ async fn shutdown_drains_in_flight_streams() {
     assert!(status.success(), "exit status {status}");
     assert!(gateway.log().contains("draining"), "{}", gateway.log());
 }
+
+/// Issue 11, finding 10: the auth phase runs before anything that could
+/// tell a caller which models exist. Without credentials, a protected model
+/// and a model that does not exist get the same 401, and `/v1/models` lists
+/// only what the caller may use.
+#[tokio::test]
+async fn the_auth_phase_runs_before_routing_so_models_cannot_be_enumerated() {
+    use sha2::Digest;
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    let key = "sk-enumeration-test";
+    let hash = hex::encode(sha2::Sha256::digest(key));
+    let auth =
+        Plugin::new("auth", "auth").auth_phase().config(json!({"apiKeys": [{"consumer": "svc", "sha256": hash}]}));
+    let routes = [
+        Route::new("private", &["secret-model"], &echo.url()).plugins(&["auth"]),
+        Route::new("public", &["open-model"], &echo.url()),
+    ];
+    dir.write("plugins.yaml", &auth.yaml());
+    dir.write("routes.yaml", &documents(&routes.map(|r| r.yaml())));
+    let gateway = Gateway::start(&dir).await;
+    let listed = |reply: sluice_tests::Reply| -> Vec<String> {
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let mut ids: Vec<String> =
+            reply.json()["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+        ids.sort();
+        ids
+    };
+
+    // No credentials.
+    assert_eq!(listed(gateway.get("/v1/models").await), ["open-model"], "a protected model was listed");
+    let protected = gateway.chat("secret-model", &[]).await;
+    let unknown = gateway.chat("no-such-model", &[]).await;
+    assert_eq!(protected.status, 401, "{}", protected.text());
+    assert_eq!(unknown.status, 401, "an unknown model answered differently from a protected one: {}", unknown.text());
+    assert_eq!(protected.json()["error"]["code"], unknown.json()["error"]["code"]);
+    assert_eq!(gateway.chat("open-model", &[]).await.status, 200);
+
+    // With the key, everything is visible and an unknown model is a 404.
+    let bearer = format!("Bearer {key}");
+    let with_key = [("authorization", bearer.as_str())];
+    let reply = gateway.client().send(
+        hyper::Request::get(gateway.url("/v1/models"))
+            .header("authorization", &bearer)
+            .body(sluice_tests::empty())
+            .unwrap(),
+    );
+    assert_eq!(listed(reply.await), ["open-model", "secret-model"]);
+    assert_eq!(gateway.chat("secret-model", &with_key).await.status, 200);
+    gateway.chat("no-such-model", &with_key).await.assert_error(404, "model_not_found");
+}

@@ -57,6 +57,7 @@ pub struct Plugin {
     max_memory_mib: Option<u32>,
     sha256: Option<String>,
     reused: Option<u32>,
+    auth_phase: bool,
 }
 
 impl Plugin {
@@ -71,6 +72,7 @@ impl Plugin {
             max_memory_mib: None,
             sha256: None,
             reused: None,
+            auth_phase: false,
         }
     }
 
@@ -118,6 +120,12 @@ impl Plugin {
         self
     }
 
+    /// `phase: Auth`: runs before the rest of the chain, and before routing.
+    pub fn auth_phase(mut self) -> Plugin {
+        self.auth_phase = true;
+        self
+    }
+
     /// `isolation: Reused`, keeping at most `max_idle` idle instances.
     pub fn reused(mut self, max_idle: u32) -> Plugin {
         self.reused = Some(max_idle);
@@ -140,6 +148,9 @@ impl Plugin {
             spec += &format!("  config: {config}\n");
         }
         spec += &format!("  failurePolicy: {}\n", if self.open { "Open" } else { "Closed" });
+        if self.auth_phase {
+            spec += "  phase: Auth\n";
+        }
         if let Some(ms) = self.timeout_ms {
             spec += &format!("  timeoutMs: {ms}\n");
         }

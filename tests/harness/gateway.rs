@@ -69,12 +69,23 @@ impl Gateway {
         Gateway::start_source(source, options).await
     }
 
+    /// Starts `sluice run` and waits only until it is alive (/healthz
+    /// answers), whatever /readyz says.
+    pub async fn start_live(config: &ConfigDir, options: Options) -> Gateway {
+        let source = vec!["--config".into(), config.path().as_os_str().to_owned()];
+        Gateway::start_until(source, options, "/healthz").await
+    }
+
     async fn start_source(source: Vec<std::ffi::OsString>, options: Options) -> Gateway {
+        Gateway::start_until(source, options, "/readyz").await
+    }
+
+    async fn start_until(source: Vec<std::ffi::OsString>, options: Options, probe: &str) -> Gateway {
         // A free port found here may be taken by another test before the
         // gateway binds it; then try again with fresh ports.
         for _ in 0..3 {
             let mut gateway = Gateway::spawn(&source, &options);
-            match gateway.wait_ready().await {
+            match gateway.wait_for(probe).await {
                 Ok(()) => return gateway,
                 Err(log) if log.contains("Address already in use") => continue,
                 Err(log) => panic!("the gateway did not become ready; its log:\n{log}"),
@@ -119,10 +130,10 @@ impl Gateway {
         Gateway { child, listen, admin, log, client: Client::http1(), _scratch: scratch }
     }
 
-    /// Polls /readyz; on failure returns the log.
-    async fn wait_ready(&mut self) -> Result<(), String> {
+    /// Polls an admin probe until it answers 200; on failure returns the log.
+    async fn wait_for(&mut self, probe: &str) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
-        let url = self.admin_url("/readyz");
+        let url = self.admin_url(probe);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("(exited with {status})\n{}", self.log()));
@@ -136,6 +147,11 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(format!("(not ready after {READY_TIMEOUT:?})\n{}", self.log()))
+    }
+
+    /// The status /readyz answers now.
+    pub async fn readyz(&self) -> u16 {
+        self.client.get(&self.admin_url("/readyz")).await.status.as_u16()
     }
 
     /// The data plane URL of `path`.

@@ -88,7 +88,7 @@ impl Client {
     }
 }
 
-pub(crate) fn empty() -> Body {
+pub fn empty() -> Body {
     Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
 }
 

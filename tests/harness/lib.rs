@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 pub use config::{Backend, ConfigDir, Plugin, Route, documents};
 pub use echo::Echo;
 pub use gateway::{Gateway, Options};
-pub use http::{Client, Reply, Streamed, chat_body, sse_events};
+pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events};
 pub use kube::KubeCluster;
 pub use registry::Registry;
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
-use sluice_core::ApiError;
+use sluice_core::{ApiError, Phase};
 use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction};
 
 use crate::body::{Body, error_response, full};
-use crate::headers::{apply_edits, to_pairs};
+use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
 use crate::snapshot::{LoadedPlugin, Route};
 
 /// The hooks that keep an instance alive past the request phase.
@@ -19,12 +19,22 @@ pub fn response_hooks() -> Hooks {
 }
 
 /// The request as the chain edits it.
+#[derive(Clone)]
 pub struct Outgoing {
     pub method: Method,
     /// Path and query.
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+}
+
+impl Outgoing {
+    pub fn new(parts: http::request::Parts, body: Bytes) -> Self {
+        let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        Self { method: parts.method, path, headers, body }
+    }
 }
 
 /// A plugin instance engaged in this exchange: it saw the request and waits
@@ -81,6 +91,22 @@ pub async fn request_filters(route: &Route, model: &str, outgoing: &mut Outgoing
         }
     }
     Ok(Filtered::Forward(engaged))
+}
+
+/// Runs the route's Auth-phase plugins on a copy of `request` as if it
+/// asked for `model`: `Ok` if they all let it through, else their answer.
+/// Nothing is forwarded and the request itself is not edited.
+pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Result<(), http::Response<Body>> {
+    let mut copy = request.clone();
+    for plugin in route.chain.iter().filter(|p| p.decl.phase == Phase::Auth) {
+        match request_filter(plugin, route, model, &mut copy).await {
+            Ok(Step::Continue(_)) => {}
+            Ok(Step::Respond(response)) => return Err(response),
+            // Auth plugins fail closed (an Open one is refused at load).
+            Err(error) => return Err(error_response(&ApiError::plugin_failed(plugin.name(), error))),
+        }
+    }
+    Ok(())
 }
 
 enum Step {

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use sluice_core::{LoadReport, ResourceError};
@@ -19,11 +19,21 @@ pub struct Settings {
     /// How often plugins from OCI tags with `pullPolicy: Always` are
     /// resolved again while serving.
     pub oci_resync: Duration,
+    /// Longest a starting replica stays not ready while a declared plugin
+    /// cannot be loaded for a reason that may pass (its registry is
+    /// unreachable and the cache is empty). After that it turns ready and
+    /// serves without it, so one unreachable registry cannot hold a
+    /// rollout back forever.
+    pub max_ready_wait: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { max_body_bytes: 4 * 1024 * 1024, oci_resync: Duration::from_secs(60) }
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            oci_resync: Duration::from_secs(60),
+            max_ready_wait: Duration::from_secs(120),
+        }
     }
 }
 
@@ -39,7 +49,9 @@ pub struct Gateway {
     /// Per-resource outcome of each applied config, for a source that
     /// writes status (Kubernetes).
     load_reports: watch::Sender<Arc<LoadReport>>,
+    /// Set once, never cleared: see [`Gateway::apply`].
     pub(crate) ready: AtomicBool,
+    started: Instant,
     /// Shutting down: /readyz says so, so load balancers stop sending new
     /// requests before the listener closes.
     draining: AtomicBool,
@@ -71,6 +83,7 @@ impl Gateway {
             report: ArcSwap::from_pointee(Report::default()),
             load_reports: watch::Sender::new(Arc::new(LoadReport::default())),
             ready: AtomicBool::new(false),
+            started: Instant::now(),
             draining: AtomicBool::new(false),
             upstream: UpstreamClient::new()?,
             runtime,
@@ -176,8 +189,16 @@ impl Gateway {
         let load_report =
             LoadReport { revision: desired.revision, plugins: build.plugins.clone(), routes: build.routes.clone() };
         self.load_reports.send_replace(Arc::new(load_report));
+        // Ready once every declared plugin is served or has failed for good
+        // (a bad config, a missing module): waiting cannot fix those, and
+        // one tenant's mistake must not keep the replica out of service.
+        // A plugin whose registry is down may load in a moment, so the
+        // replica waits for it, up to `max_ready_wait`. Once ready it stays
+        // ready: later failures keep the last good version serving.
+        if !build.waiting || self.started.elapsed() >= self.settings.max_ready_wait {
+            self.ready.store(true, Ordering::Release);
+        }
         self.report.store(Arc::new(Report { source_errors: Vec::new(), build }));
-        self.ready.store(true, Ordering::Release);
         outcome
     }
 }

@@ -1,6 +1,7 @@
 //! One request's way through the data plane: the endpoints, and for the
 //! forwarded ones, the phases from reading the body to forwarding it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,14 +12,22 @@ use hyper::body::Incoming;
 use sluice_core::ApiError;
 
 use crate::body::{Body, error_response, json_response};
-use crate::chain::{Filtered, Outgoing, request_filters};
+use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
-use crate::headers::strip_hop_by_hop;
 use crate::response::{self, Exchange};
 use crate::snapshot::{Route, Snapshot};
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
 const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+/// Auth checks `/v1/models` may run (one per protected model, shared by
+/// routes with the same auth plugins); models past it are not listed.
+const MAX_LISTING_CHECKS: usize = 1024;
+
+/// Distinct auth chains asked about a model no route serves, before the
+/// answer is the first refusal: it bounds what an unauthenticated request
+/// can cost.
+const MAX_UNKNOWN_MODEL_CHECKS: usize = 16;
 
 pub async fn handle(gateway: Arc<Gateway>, request: http::Request<Incoming>) -> http::Response<Body> {
     match serve(&gateway, request).await {
@@ -37,7 +46,10 @@ async fn serve(gateway: &Gateway, request: http::Request<Incoming>) -> Result<ht
     let snapshot = gateway.snapshot();
     let path = request.uri().path();
     match (request.method(), path) {
-        (&Method::GET, "/v1/models") => Ok(list_models(&snapshot)),
+        (&Method::GET, "/v1/models") => {
+            let (parts, _) = request.into_parts();
+            Ok(list_models(&snapshot, &Outgoing::new(parts, Bytes::new())).await)
+        }
         (&Method::POST, p) if FORWARDED.contains(&p) => proxy(gateway, &snapshot, request).await,
         (method, p) if p == "/v1/models" || FORWARDED.contains(&p) => {
             Err(ApiError::method_not_allowed(method.as_str(), p))
@@ -46,18 +58,57 @@ async fn serve(gateway: &Gateway, request: http::Request<Incoming>) -> Result<ht
     }
 }
 
-fn list_models(snapshot: &Snapshot) -> http::Response<Body> {
-    let data: Vec<_> = snapshot
-        .routes()
-        .iter()
-        .flat_map(|route| {
-            route.decl.models.iter().map(|model| {
-                serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": route.decl.key.to_string()})
-            })
-        })
-        .collect();
+/// The models this caller may use: a model behind auth plugins is listed
+/// only if they let the caller through, as they would for a request.
+async fn list_models(snapshot: &Snapshot, request: &Outgoing) -> http::Response<Body> {
+    let mut data = Vec::new();
+    let mut decided = std::collections::HashMap::new();
+    for route in snapshot.routes() {
+        let auth_chain = route.auth_chain();
+        for model in &route.decl.models {
+            let admitted = if auth_chain.is_empty() {
+                true
+            } else if let Some(admitted) = decided.get(&(auth_chain.clone(), model)) {
+                *admitted
+            } else if decided.len() < MAX_LISTING_CHECKS {
+                let admitted = chain::authenticate(route, model, request).await.is_ok();
+                decided.insert((auth_chain.clone(), model), admitted);
+                admitted
+            } else {
+                false
+            };
+            if admitted {
+                let owner = route.decl.key.to_string();
+                data.push(serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": owner}));
+            }
+        }
+    }
     let body = serde_json::json!({"object": "list", "data": data});
     json_response(StatusCode::OK, body.to_string().into_bytes())
+}
+
+/// The answer for a model no route serves. Where routes have auth plugins,
+/// a caller none of them admits gets their refusal, as it would for a model
+/// that exists: a 404 would tell it which models do (the auth phase runs
+/// before routing). Without auth plugins anywhere, it is a plain 404.
+async fn unknown_model(snapshot: &Snapshot, model: &str, request: &Outgoing) -> http::Response<Body> {
+    let mut refusal = None;
+    let mut asked = HashSet::new();
+    for route in snapshot.routes().iter().filter(|r| r.has_auth()) {
+        if asked.len() == MAX_UNKNOWN_MODEL_CHECKS {
+            break;
+        }
+        if !asked.insert(route.auth_chain()) {
+            continue;
+        }
+        match chain::authenticate(route, model, request).await {
+            Ok(()) => return error_response(&ApiError::model_not_found(model)),
+            Err(response) => {
+                refusal.get_or_insert(response);
+            }
+        }
+    }
+    refusal.unwrap_or_else(|| error_response(&ApiError::model_not_found(model)))
 }
 
 /// The phases of one forwarded request, each with one home: read the body,
@@ -72,15 +123,10 @@ async fn proxy(
     let (parts, body) = request.into_parts();
     let body = read_body(body, &parts.headers, gateway.settings.max_body_bytes).await?;
     let model = requested_model(&body)?;
-    let route = snapshot.route_for(&model).ok_or_else(|| ApiError::model_not_found(&model))?;
-
-    let mut outgoing = Outgoing {
-        method: parts.method,
-        path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_else(|| parts.uri.path().to_string()),
-        headers: parts.headers,
-        body,
+    let mut outgoing = Outgoing::new(parts, body);
+    let Some(route) = snapshot.route_for(&model) else {
+        return Ok(unknown_model(snapshot, &model, &outgoing).await);
     };
-    strip_hop_by_hop(&mut outgoing.headers);
     let engaged = match request_filters(route, &model, &mut outgoing).await? {
         Filtered::Forward(engaged) => engaged,
         Filtered::Respond(response) => return Ok(response),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::HeaderValue;
 use serde::Serialize;
 use sluice_core::{
-    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, PluginDecl, PluginSource, RegistryCredentials,
+    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource, RegistryCredentials,
     ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, Reference, Registry};
@@ -87,6 +87,17 @@ impl LoadedPlugin {
 }
 
 impl Route {
+    /// Whether the chain starts with an auth phase (Auth plugins sort first).
+    pub fn has_auth(&self) -> bool {
+        self.chain.first().is_some_and(|p| p.decl.phase == Phase::Auth)
+    }
+
+    /// The route's Auth-phase plugins: routes with the same ones admit the
+    /// same callers.
+    pub fn auth_chain(&self) -> Vec<&ResourceKey> {
+        self.chain.iter().take_while(|p| p.decl.phase == Phase::Auth).map(|p| &p.decl.key).collect()
+    }
+
     /// Backends in the order to try them: round-robin over requests, the
     /// rest in turn as fallbacks.
     pub fn backends_in_order(&self) -> impl Iterator<Item = &Backend> {
@@ -109,6 +120,10 @@ pub struct BuildReport {
     /// unreachable): the same config is worth building again later.
     #[serde(skip)]
     pub retry: bool,
+    /// Some declared plugin is not served at all, for a reason that may
+    /// pass: the replica is not ready yet (see `Gateway::apply`).
+    #[serde(skip)]
+    pub waiting: bool,
 }
 
 /// Why a plugin could not be loaded.
@@ -136,8 +151,9 @@ pub async fn build(
 ) -> (Snapshot, BuildReport) {
     let mut report = BuildReport::default();
     let plugins = build_plugins(runtime, registry, desired, previous, &mut report).await;
-    let routes = build_routes(desired, previous, &plugins, &mut report);
-    let by_model = index_models(&routes);
+    let built = build_routes(desired, previous, &plugins, &mut report);
+    let by_model = index_models(&built);
+    let routes = built.into_iter().map(|b| b.route).collect();
     // Only plugins some route uses need to stay loaded, but all are kept so
     // their last good versions survive a route edit.
     let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
@@ -177,12 +193,20 @@ async fn build_plugins(
                 plugins.insert(decl.key.clone(), last_good.clone());
             }
             None => {
+                report.waiting |= transient;
                 report.plugins.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
                 report.errors.push(ResourceError::new(resource, message));
             }
         }
     }
     plugins
+}
+
+/// A route of the next snapshot, and whether it is this config's version
+/// or the last good one kept because this one failed.
+struct Built {
+    route: Arc<Route>,
+    last_good: bool,
 }
 
 /// Builds every declared route whose models are its own; one that fails
@@ -192,7 +216,7 @@ fn build_routes(
     previous: &Snapshot,
     plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
     report: &mut BuildReport,
-) -> Vec<Arc<Route>> {
+) -> Vec<Built> {
     let conflicts = desired.conflicts();
     let previous_routes: HashMap<&ResourceKey, &Arc<Route>> =
         previous.routes.iter().map(|r| (&r.decl.key, r)).collect();
@@ -206,7 +230,7 @@ fn build_routes(
         let message = match build_route(decl, plugins) {
             Ok(route) => {
                 report.routes.insert(decl.key.clone(), LoadState::ready(None));
-                routes.push(Arc::new(route));
+                routes.push(Built { route: Arc::new(route), last_good: false });
                 continue;
             }
             Err(message) => message,
@@ -216,7 +240,7 @@ fn build_routes(
                 let serving = format!("{message}; still serving its last good version");
                 report.errors.push(ResourceError::new(resource, serving));
                 report.routes.insert(decl.key.clone(), LoadState::failed(reason::CHAIN_NOT_READY, message, None));
-                routes.push(Arc::clone(last_good));
+                routes.push(Built { route: Arc::clone(last_good), last_good: true });
             }
             None => {
                 report.routes.insert(decl.key.clone(), LoadState::failed(reason::CHAIN_NOT_READY, &message, None));
@@ -228,12 +252,16 @@ fn build_routes(
     routes
 }
 
-fn index_models(routes: &[Arc<Route>]) -> HashMap<String, Arc<Route>> {
+/// Maps each model to its route. The current config's routes claim their
+/// models first (they never conflict: conflicting routes were left out); a
+/// last good route keeps only the models no current route claims, so a
+/// model moved to another route stays moved when its old route then fails.
+fn index_models(routes: &[Built]) -> HashMap<String, Arc<Route>> {
     let mut by_model = HashMap::new();
-    for route in routes {
-        for model in &route.decl.models {
-            // A last-good route may claim a model a newer route took over; the newer wins.
-            by_model.entry(model.clone()).or_insert_with(|| route.clone());
+    let (current, last_good): (Vec<&Built>, Vec<&Built>) = routes.iter().partition(|b| !b.last_good);
+    for built in current.into_iter().chain(last_good) {
+        for model in &built.route.decl.models {
+            by_model.entry(model.clone()).or_insert_with(|| built.route.clone());
         }
     }
     by_model
@@ -273,6 +301,15 @@ async fn load_plugin(
         .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
         .await
         .map_err(|e| LoadFailure::permanent(e.to_string()))?;
+    if decl.phase == Phase::Auth && !configured.hooks().contains(Hooks::REQUEST) {
+        return Err(LoadFailure {
+            reason: reason::INVALID,
+            ..LoadFailure::permanent(
+                "a plugin in the Auth phase needs a request hook, and this module has none: \
+                 it would never run, and every request would pass unauthenticated",
+            )
+        });
+    }
     tracing::info!(plugin = %decl.key, source = %decl.source, digest = %module.digest(), "plugin loaded");
     Ok(Arc::new(LoadedPlugin { decl: decl.clone(), configured }))
 }
@@ -355,7 +392,7 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use sluice_core::{BackendDecl, Isolation, Phase};
+    use sluice_core::{BackendDecl, Isolation};
     use sluice_runtime::RuntimeConfig;
 
     use super::*;
@@ -479,6 +516,36 @@ mod tests {
         let b = &report.routes[&ResourceKey::new("default", "b")];
         assert_eq!(b.reason.as_deref(), Some(reason::MODEL_CONFLICT));
         assert!(report.routes[&ResourceKey::new("default", "a")].ready);
+    }
+
+    /// Issue 11, finding 15: a route gives a model up to a newer route, and
+    /// its own new generation fails to build; its last good version still
+    /// claims the model, but the newer route's claim wins.
+    #[tokio::test]
+    async fn a_model_moved_to_another_route_is_not_won_back_by_a_stale_last_good_route() {
+        let runtime = runtime();
+        let (first, _) = apply(&runtime, &Snapshot::default(), vec![], vec![route("old", &["m"], &[])]).await;
+        assert_eq!(served_by(&first, "m").as_deref(), Some("old"));
+        let routes = vec![route("old", &["other"], &["missing"]), route("new", &["m"], &[])];
+        let (second, report) = apply(&runtime, &first, vec![], routes).await;
+        assert!(!report.routes[&ResourceKey::new("default", "old")].ready);
+        assert_eq!(served_by(&second, "m").as_deref(), Some("new"), "the stale route won the model back");
+    }
+
+    /// Issue 11, finding 11: an Auth-phase plugin that declares no request
+    /// hook would be skipped on every request, letting everything through.
+    #[tokio::test]
+    async fn an_auth_plugin_without_a_request_hook_is_refused() {
+        let runtime = runtime();
+        let rules = serde_json::json!({"rules": [{"name": "k", "pattern": "sk-[a-z]+"}]});
+        let mut guard = plugin("guard", dist("response-guard"), rules);
+        guard.phase = Phase::Auth;
+        let routes = vec![route("chat", &["m"], &["guard"])];
+        let (snapshot, report) = apply(&runtime, &Snapshot::default(), vec![guard], routes).await;
+        let state = &report.plugins[&ResourceKey::new("default", "guard")];
+        assert!(!state.ready, "an Auth plugin with no request hook was loaded");
+        assert!(state.error.as_deref().unwrap_or_default().contains("request hook"), "{state:?}");
+        assert_eq!(served_by(&snapshot, "m"), None);
     }
 
     #[tokio::test]

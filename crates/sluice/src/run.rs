@@ -64,6 +64,10 @@ pub struct RunArgs {
     /// How often plugins from OCI tags with `pullPolicy: Always` are resolved again.
     #[arg(long, default_value_t = Settings::default().oci_resync.as_secs())]
     pub oci_resync_seconds: u64,
+    /// Longest a starting replica stays not ready while a declared plugin's
+    /// registry is unreachable; then it serves without that plugin.
+    #[arg(long, default_value_t = Settings::default().max_ready_wait.as_secs())]
+    pub max_ready_wait_seconds: u64,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -113,6 +117,7 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
     let settings = Settings {
         max_body_bytes: args.max_body_bytes,
         oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)),
+        max_ready_wait: Duration::from_secs(args.max_ready_wait_seconds),
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)
 }
