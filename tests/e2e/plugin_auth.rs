@@ -1,6 +1,7 @@
 //! The auth plugin through the real gateway: API keys and JWTs accepted,
 //! every kind of bad credential refused with 401, disallowed access with
-//! 403, and the client's credential never forwarded.
+//! 403, the client's credential never forwarded, and the headers the plugin
+//! owns never taken from the client.
 
 #[path = "plugin_support.rs"]
 mod support;
@@ -31,31 +32,37 @@ fn sha256_hex(text: &str) -> String {
     Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn auth_plugin() -> Plugin {
+fn jwt_config() -> Value {
     let mut jwks: Value = serde_json::from_str(JWKS).unwrap();
     jwks["keys"]
         .as_array_mut()
         .unwrap()
         .push(json!({"kty": "oct", "kid": "hs-1", "k": URL_SAFE_NO_PAD.encode(HS_SECRET)}));
-    Plugin::new("auth", "auth").config(json!({
+    json!({
+        "jwks": jwks,
+        "issuer": "https://idp.example",
+        "audience": "sluice",
+        "leewaySeconds": 5,
+        "requiredScopes": ["llm.invoke"],
+        "claimHeaders": {"x-tenant": "org.id"}
+    })
+}
+
+fn auth_plugin() -> Plugin {
+    Plugin::new("auth", "auth").auth_phase().config(json!({
         "apiKeys": [
             {"consumer": "someone-else", "sha256": sha256_hex("another key")},
             {"consumer": "team-search", "sha256": sha256_hex(API_KEY)}
         ],
-        "jwt": {
-            "jwks": jwks,
-            "issuer": "https://idp.example",
-            "audience": "sluice",
-            "leewaySeconds": 5,
-            "requiredScopes": ["llm.invoke"],
-            "claimHeaders": {"x-tenant": "org.id"}
-        },
-        "allowedModels": {"team-search": ["gpt-test"], "*": ["gpt-test", "gpt-test-large"]}
+        "jwt": jwt_config(),
+        "allowedModels": {"key:team-search": ["gpt-test"], "*": ["gpt-test", "gpt-test-large"]}
     }))
 }
 
+const MODELS: [&str; 3] = ["gpt-test", "gpt-test-large", "o-test"];
+
 async fn gateway() -> (impl Sized, Gateway) {
-    let (echo, dir, gateway) = serve(&[auth_plugin()], &["gpt-test", "gpt-test-large", "o-test"]).await;
+    let (echo, dir, gateway) = serve(&[auth_plugin()], &MODELS).await;
     ((echo, dir), gateway)
 }
 
@@ -95,7 +102,7 @@ async fn api_keys_pass_without_their_credential_and_with_the_consumer() {
         headers.push(("x-sluice-consumer", "admin"));
         let echoed = send(&gateway, "gpt-test", &headers).await.echoed();
         let upstream = &echoed["headers"];
-        assert_eq!(upstream["x-sluice-consumer"], "team-search", "{echoed}");
+        assert_eq!(upstream["x-sluice-consumer"], "key:team-search", "{echoed}");
         assert!(upstream.get("authorization").is_none(), "the credential was forwarded: {upstream}");
         assert!(upstream.get("x-api-key").is_none(), "the credential was forwarded: {upstream}");
     }
@@ -130,7 +137,7 @@ async fn jwts_of_each_algorithm_pass_with_claims_mapped() {
         let echoed =
             send(&gateway, "gpt-test-large", &[("authorization", &bearer), ("x-tenant", "spoofed")]).await.echoed();
         let upstream = &echoed["headers"];
-        assert_eq!(upstream["x-sluice-consumer"], "alice", "{alg:?}: {upstream}");
+        assert_eq!(upstream["x-sluice-consumer"], "jwt:alice", "{alg:?}: {upstream}");
         assert_eq!(upstream["x-tenant"], "acme", "{alg:?}: the claim replaces the client's header");
         assert!(upstream.get("authorization").is_none(), "{alg:?}: the token was forwarded");
     }
@@ -196,7 +203,7 @@ async fn valid_credentials_without_access_are_403() {
     let (_keep, gateway) = gateway().await;
     let error =
         send(&gateway, "gpt-test-large", &[("x-api-key", API_KEY)]).await.assert_error(403, "model_not_allowed");
-    assert_eq!(error["message"], "consumer \"team-search\" may not use model \"gpt-test-large\"");
+    assert_eq!(error["message"], "consumer \"key:team-search\" may not use model \"gpt-test-large\"");
     assert_eq!(error["type"], "permission_error");
 
     let bearer = format!("Bearer {}", sign(Algorithm::ES256, Some("ec-1"), &claims()));
@@ -223,6 +230,67 @@ async fn bad_auth_configs_are_refused_at_load() {
             Plugin::new("auth-confused-key", "auth").config(json!({"jwt": {"jwks": {"keys": [rsa_as_hmac]}}})),
             "alg HS256 does not fit",
         ),
+        // A name without its namespace would match no one, leaving that
+        // consumer to "*" (or to every model): refused, not ignored.
+        (
+            Plugin::new("auth-bare-consumer", "auth").config(json!({
+                "apiKeys": [{"consumer": "team-search", "sha256": sha256_hex(API_KEY)}],
+                "allowedModels": {"team-search": ["gpt-test"]}
+            })),
+            "must be \"*\", \"key:<consumer>\" or \"jwt:<subject>\"",
+        ),
     ])
     .await;
+}
+
+/// Issue 11, finding 9: the consumer header and every claim header belong to
+/// the plugin. Whatever the client authenticated with, its own values of
+/// them never reach the upstream; only values from the verified key or
+/// token do.
+#[tokio::test]
+async fn a_client_cannot_set_the_headers_the_auth_plugin_owns() {
+    let (_keep, gateway) = gateway().await;
+    let api_key_bearer = format!("Bearer {API_KEY}");
+    let mut no_org = claims();
+    no_org.as_object_mut().unwrap().remove("org");
+    let no_org_bearer = format!("Bearer {}", sign(Algorithm::RS256, Some("rsa-1"), &no_org));
+    let cases = [
+        ("bearer API key", ("authorization", api_key_bearer.as_str()), "key:team-search"),
+        ("x-api-key", ("x-api-key", API_KEY), "key:team-search"),
+        ("JWT without the tenant claim", ("authorization", no_org_bearer.as_str()), "jwt:alice"),
+    ];
+    for (what, credential, consumer) in cases {
+        let headers = [credential, ("X-Sluice-Consumer", "admin"), ("x-tenant", "spoofed"), ("X-Tenant", "spoofed-2")];
+        let echoed = send(&gateway, "gpt-test", &headers).await.echoed();
+        let upstream = &echoed["headers"];
+        assert!(upstream.get("x-tenant").is_none(), "{what}: the client's x-tenant reached the upstream: {upstream}");
+        assert_eq!(upstream["x-sluice-consumer"], consumer, "{what}: {upstream}");
+    }
+}
+
+/// Issue 11, finding 9: an API key's consumer "alice" and a token whose
+/// subject is "alice" are different callers: the upstream sees `key:alice`
+/// and `jwt:alice`, and each has its own `allowedModels` entry.
+#[tokio::test]
+async fn an_api_key_consumer_and_a_token_subject_of_the_same_name_are_different_consumers() {
+    let auth = Plugin::new("auth", "auth").auth_phase().config(json!({
+        "apiKeys": [{"consumer": "alice", "sha256": sha256_hex(API_KEY)}],
+        "jwt": jwt_config(),
+        "allowedModels": {"key:alice": ["gpt-test"], "jwt:alice": ["gpt-test-large"]}
+    }));
+    let (_echo, _dir, gateway) = serve(&[auth], &MODELS).await;
+    let key = [("x-api-key", API_KEY)];
+    let token = format!("Bearer {}", sign(Algorithm::ES256, Some("ec-1"), &claims()));
+    let token = [("authorization", token.as_str())];
+
+    let echoed = send(&gateway, "gpt-test", &key).await.echoed();
+    assert_eq!(echoed["headers"]["x-sluice-consumer"], "key:alice", "{echoed}");
+    let echoed = send(&gateway, "gpt-test-large", &token).await.echoed();
+    assert_eq!(echoed["headers"]["x-sluice-consumer"], "jwt:alice", "{echoed}");
+
+    // Neither gets the other's models.
+    let error = send(&gateway, "gpt-test-large", &key).await.assert_error(403, "model_not_allowed");
+    assert_eq!(error["message"], "consumer \"key:alice\" may not use model \"gpt-test-large\"");
+    let error = send(&gateway, "gpt-test", &token).await.assert_error(403, "model_not_allowed");
+    assert_eq!(error["message"], "consumer \"jwt:alice\" may not use model \"gpt-test\"");
 }

@@ -74,7 +74,7 @@ async fn auth_example() {
     let (_echo, _dir, gateway) = example("auth").await;
     hello(&gateway, &[]).await.assert_error(401, "missing_credentials");
     let echoed = hello(&gateway, &[("x-api-key", "sk-sluice-example-key")]).await.echoed();
-    assert_eq!(echoed["headers"]["x-sluice-consumer"], "search-service");
+    assert_eq!(echoed["headers"]["x-sluice-consumer"], "key:search-service");
 }
 
 #[tokio::test]

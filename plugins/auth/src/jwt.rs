@@ -120,11 +120,15 @@ impl JwtVerifier {
             .enumerate()
             .map(|(i, key)| load_key(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
             .collect::<Result<_, _>>()?;
-        let claim_headers = config
-            .claim_headers
-            .into_iter()
-            .map(|(header, claim)| Ok((header_name(&header)?, claim)))
-            .collect::<Result<_, String>>()?;
+        let mut claim_headers: Vec<(String, String)> = Vec::new();
+        for (header, claim) in config.claim_headers {
+            let header = header_name(&header).map_err(|e| format!("jwt.claimHeaders: {e}"))?;
+            // `X-Tenant` and `x-tenant` are one header: two claims would race for it.
+            if claim_headers.iter().any(|(h, _)| *h == header) {
+                return Err(format!("jwt.claimHeaders: {header} is listed twice"));
+            }
+            claim_headers.push((header, claim));
+        }
         Ok(JwtVerifier {
             keys,
             issuers: config.issuer.map(OneOrMany::into_vec).unwrap_or_default(),
@@ -232,23 +236,32 @@ impl JwtVerifier {
         Ok(())
     }
 
-    /// The consumer the token names.
+    /// The consumer the token names, without its namespace.
     pub fn consumer(&self, claims: &Claims) -> Result<String, String> {
-        match claim(claims, &self.consumer_claim) {
-            Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
-            Some(Value::Number(n)) => Ok(n.to_string()),
-            _ => Err(format!("the token has no {:?} claim naming the consumer", self.consumer_claim)),
+        let name = match claim(claims, &self.consumer_claim) {
+            Some(Value::String(name)) if !name.is_empty() => name.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => return Err(format!("the token has no {:?} claim naming the consumer", self.consumer_claim)),
+        };
+        if !header_safe(&name) {
+            return Err(format!("the token's {:?} claim cannot be sent as a header", self.consumer_claim));
         }
+        Ok(name)
     }
 
-    /// Upstream headers from claims: `None` (remove the header) for a claim
-    /// the token lacks or that cannot be a header value.
-    pub fn claim_headers(&self, claims: &Claims) -> Vec<(String, Option<String>)> {
+    /// The upstream headers the claims map to, lower-case.
+    pub fn header_names(&self) -> impl Iterator<Item = &str> {
+        self.claim_headers.iter().map(|(header, _)| header.as_str())
+    }
+
+    /// Upstream headers from the claims the token has. A claim it lacks, or
+    /// that cannot be a header value, gives no header.
+    pub fn claim_headers(&self, claims: &Claims) -> Vec<(String, String)> {
         self.claim_headers
             .iter()
-            .map(|(header, path)| {
-                let value = claim(claims, path).and_then(header_value).filter(|v| !v.chars().any(char::is_control));
-                (header.clone(), value)
+            .filter_map(|(header, path)| {
+                let value = claim(claims, path).and_then(header_value).filter(|v| header_safe(v))?;
+                Some((header.clone(), value))
             })
             .collect()
     }
@@ -260,6 +273,12 @@ pub fn looks_like_jwt(credential: &str) -> bool {
     parts.len() == 3
         && parts[..2].iter().all(|p| !p.is_empty())
         && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+}
+
+/// Whether `value` can be sent as a header value: no control characters
+/// (no CR or LF to split the header, no NUL).
+pub fn header_safe(value: &str) -> bool {
+    !value.chars().any(char::is_control)
 }
 
 /// Checks `name` is an HTTP token (RFC 9110) and lower-cases it.

@@ -2,6 +2,15 @@
 //! client's credential before forwarding, and tells the upstream who called
 //! in a header. 401 for a missing or invalid credential, 403 for a valid one
 //! that may not do what it asks.
+//!
+//! Consumers are named in two namespaces, so an API key's consumer can never
+//! pass for a token's subject of the same name: `key:<consumer>` for an API
+//! key, `jwt:<subject>` for a token. That is the value of the consumer header
+//! upstream, and the form of every `allowedModels` entry but `"*"`.
+//!
+//! The plugin owns the consumer header and every `jwt.claimHeaders` name. It
+//! removes all of them from every request it lets through, however the client
+//! authenticated, and sets them only from the verified key or token.
 
 mod jwt;
 
@@ -18,6 +27,11 @@ use crate::jwt::{JwtConfig, JwtVerifier};
 /// Headers that carry the client's credential. Never forwarded.
 const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
 
+/// The namespace of consumers authenticated by API key.
+const API_KEY_NAMESPACE: &str = "key:";
+/// The namespace of consumers authenticated by token.
+const JWT_NAMESPACE: &str = "jwt:";
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Config {
@@ -27,8 +41,9 @@ struct Config {
     /// The header naming the consumer upstream.
     #[serde(default = "default_consumer_header")]
     consumer_header: String,
-    /// Model patterns each consumer may use; `"*"` is for consumers not
-    /// listed. Without an entry that applies, every model is allowed.
+    /// Model patterns each consumer (`key:<consumer>`, `jwt:<subject>`) may
+    /// use; `"*"` is for consumers not listed. Without an entry that applies,
+    /// every model is allowed.
     #[serde(default)]
     allowed_models: BTreeMap<String, Vec<ModelPattern>>,
     /// The `realm` in `www-authenticate`.
@@ -61,6 +76,9 @@ struct Auth {
     api_keys: Vec<ApiKey>,
     jwt: Option<JwtVerifier>,
     consumer_header: String,
+    /// The consumer header and the claim headers: removed from every
+    /// request, then set from verified data only.
+    owned_headers: Vec<String>,
     allowed_models: BTreeMap<String, Vec<ModelPattern>>,
     realm: String,
 }
@@ -68,9 +86,10 @@ struct Auth {
 /// Who called, once authenticated.
 #[derive(Debug, PartialEq)]
 struct Identity {
+    /// With its namespace: `key:<consumer>` or `jwt:<subject>`.
     consumer: String,
-    /// Upstream headers from token claims; `None` removes the header.
-    headers: Vec<(String, Option<String>)>,
+    /// Upstream headers from the token's claims, those it has.
+    headers: Vec<(String, String)>,
 }
 
 impl Plugin for Auth {
@@ -90,15 +109,37 @@ impl Plugin for Auth {
                 if key.consumer.is_empty() {
                     return Err(format!("apiKeys[{i}]: `consumer` is empty"));
                 }
+                if !jwt::header_safe(&key.consumer) {
+                    return Err(format!("apiKeys[{i}]: `consumer` has control characters"));
+                }
                 let hash =
                     parse_sha256(&key.sha256).ok_or_else(|| format!("apiKeys[{i}]: `sha256` must be 64 hex digits"))?;
                 Ok(ApiKey { consumer: key.consumer, hash })
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<Vec<_>, String>>()?;
+        let jwt = config.jwt.map(JwtVerifier::new).transpose()?;
+        let consumer_header = jwt::header_name(&config.consumer_header)?;
+        if CREDENTIAL_HEADERS.contains(&consumer_header.as_str()) {
+            return Err(format!("consumerHeader: {consumer_header} carries credentials"));
+        }
+        let mut owned_headers = vec![consumer_header.clone()];
+        for header in jwt.iter().flat_map(JwtVerifier::header_names) {
+            if CREDENTIAL_HEADERS.contains(&header) {
+                return Err(format!("jwt.claimHeaders: {header} carries credentials"));
+            }
+            if header == consumer_header {
+                return Err(format!("jwt.claimHeaders: {header} is the consumer header"));
+            }
+            owned_headers.push(header.to_string());
+        }
+        for name in config.allowed_models.keys() {
+            check_allowed_models_key(name, &api_keys, jwt.is_some())?;
+        }
         Ok(Auth {
             api_keys,
-            jwt: config.jwt.map(JwtVerifier::new).transpose()?,
-            consumer_header: jwt::header_name(&config.consumer_header)?,
+            jwt,
+            consumer_header,
+            owned_headers,
             allowed_models: config.allowed_models,
             realm: config.realm.replace(['"', '\\'], ""),
         })
@@ -108,17 +149,15 @@ impl Plugin for Auth {
         let identity = self.authenticate(req)?;
         self.authorize(&identity, &req.model)?;
         let mut edits = Edits::new();
-        for header in CREDENTIAL_HEADERS {
+        // Whatever the credential, none of the client's own values of these
+        // headers pass: a client cannot pose as someone else, or claim a
+        // tenant, by sending them itself. The host removes before it sets.
+        for header in CREDENTIAL_HEADERS.iter().copied().chain(self.owned_headers.iter().map(String::as_str)) {
             edits = edits.remove_header(header);
         }
-        // Set, never appended: a client cannot pose as someone else by
-        // sending these headers itself.
         edits = edits.set_header(&self.consumer_header, &identity.consumer);
         for (name, value) in &identity.headers {
-            edits = match value {
-                Some(value) => edits.set_header(name, value),
-                None => edits.remove_header(name),
-            };
+            edits = edits.set_header(name, value);
         }
         Ok(edits.into())
     }
@@ -163,7 +202,7 @@ impl Auth {
             }
             ApiError::new(403, denied.code, denied.message).with_header("www-authenticate", &challenge)
         })?;
-        Ok(Identity { consumer, headers: jwt.claim_headers(&claims) })
+        Ok(Identity { consumer: format!("{JWT_NAMESPACE}{consumer}"), headers: jwt.claim_headers(&claims) })
     }
 
     /// Finds the key's consumer, comparing the key's hash with every
@@ -180,7 +219,9 @@ impl Auth {
             found = u32::conditional_select(&found, &(i as u32 + 1), same);
         }
         match found.checked_sub(1).and_then(|i| self.api_keys.get(i as usize)) {
-            Some(entry) => Ok(Identity { consumer: entry.consumer.clone(), headers: Vec::new() }),
+            Some(entry) => {
+                Ok(Identity { consumer: format!("{API_KEY_NAMESPACE}{}", entry.consumer), headers: Vec::new() })
+            }
             None => Err(self.unauthorized("invalid_api_key", "invalid API key", Some("invalid_token"))),
         }
     }
@@ -206,6 +247,33 @@ impl Auth {
         }
         ApiError::new(401, code, message).with_header("www-authenticate", &challenge)
     }
+}
+
+/// An `allowedModels` key must be `"*"` or name a namespace: a bare name
+/// would match nobody, and silently leave that consumer to `"*"`.
+fn check_allowed_models_key(name: &str, api_keys: &[ApiKey], jwt: bool) -> Result<(), String> {
+    if name == "*" {
+        return Ok(());
+    }
+    if let Some(consumer) = name.strip_prefix(API_KEY_NAMESPACE) {
+        if !api_keys.iter().any(|key| key.consumer == consumer) {
+            return Err(format!("allowedModels: {name:?}: no API key has the consumer {consumer:?}"));
+        }
+        return Ok(());
+    }
+    if let Some(subject) = name.strip_prefix(JWT_NAMESPACE) {
+        if !jwt {
+            return Err(format!("allowedModels: {name:?}: `jwt` is not configured"));
+        }
+        if subject.is_empty() {
+            return Err(format!("allowedModels: {name:?} names no subject"));
+        }
+        return Ok(());
+    }
+    Err(format!(
+        "allowedModels: {name:?} must be \"*\", \"key:<consumer>\" or \"jwt:<subject>\": \
+         API-key consumers and token subjects are separate namespaces"
+    ))
 }
 
 fn parse_sha256(hex: &str) -> Option<[u8; 32]> {

@@ -73,8 +73,8 @@ fn api_keys_authenticate_by_bearer_or_x_api_key_and_are_stripped() {
         {"consumer": "team-b", "sha256": KEY_HASH.to_uppercase()}]}));
     for headers in [bearer("hunter2"), vec![("x-api-key".to_string(), "hunter2".to_string())]] {
         let edits = call(&auth, "gpt", &headers).unwrap();
-        assert_eq!(edits.header("x-sluice-consumer"), Some("team-b"));
-        assert_eq!(edits.remove_headers, ["authorization", "x-api-key"]);
+        assert_eq!(edits.header("x-sluice-consumer"), Some("key:team-b"));
+        assert_eq!(edits.remove_headers, ["authorization", "x-api-key", "x-sluice-consumer"]);
     }
 }
 
@@ -104,7 +104,7 @@ fn valid_jwts_of_each_algorithm_pass_with_claims_mapped_to_headers() {
         (jsonwebtoken::Algorithm::HS256, None),
     ] {
         let edits = call(&auth, "gpt", &bearer(&sign(alg, kid, &claims()))).unwrap_or_else(|e| panic!("{alg:?}: {e}"));
-        assert_eq!(edits.header("x-sluice-consumer"), Some("alice"), "{alg:?}");
+        assert_eq!(edits.header("x-sluice-consumer"), Some("jwt:alice"), "{alg:?}");
         assert_eq!(edits.header("x-tenant"), Some("acme"));
         assert_eq!(edits.header("x-groups"), Some("a,b"));
         assert!(edits.remove_headers.contains(&"authorization".to_string()));
@@ -211,14 +211,14 @@ fn scopes_required_claims_and_models_are_403() {
     let mut config = jwt_config();
     config["jwt"]["requiredScopes"] = json!(["chat:write"]);
     config["jwt"]["requiredClaims"] = json!({"org.id": ["acme", "globex"]});
-    config["allowedModels"] = json!({"alice": ["gpt-4o*"], "*": ["small-*"]});
+    config["allowedModels"] = json!({"jwt:alice": ["gpt-4o*"], "*": ["small-*"]});
     let auth = auth(config);
     let token = |claims: &Value| bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), claims));
     assert!(call(&auth, "gpt-4o-mini", &token(&claims())).is_ok());
 
     let error = call(&auth, "o3", &token(&claims())).unwrap_err();
     assert_eq!((error.status, error.code.as_str()), (403, "model_not_allowed"));
-    assert_eq!(error.message, "consumer \"alice\" may not use model \"o3\"");
+    assert_eq!(error.message, "consumer \"jwt:alice\" may not use model \"o3\"");
 
     let mut bob = claims();
     bob["sub"] = json!("bob");
@@ -244,8 +244,8 @@ fn scopes_required_claims_and_models_are_403() {
 #[test]
 fn api_key_consumers_are_limited_by_allowed_models_too() {
     let auth = auth(json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}],
-        "allowedModels": {"team-b": ["llama3"]}, "consumerHeader": "X-Team"}));
-    assert_eq!(call(&auth, "llama3", &bearer("hunter2")).unwrap().header("x-team"), Some("team-b"));
+        "allowedModels": {"key:team-b": ["llama3"]}, "consumerHeader": "X-Team"}));
+    assert_eq!(call(&auth, "llama3", &bearer("hunter2")).unwrap().header("x-team"), Some("key:team-b"));
     assert_eq!(call(&auth, "gpt", &bearer("hunter2")).unwrap_err().status, 403);
 }
 
@@ -272,4 +272,124 @@ fn bad_configs_are_rejected() {
         error(json!({"apiKeys": [{"consumer": "a", "sha256": KEY_HASH}], "consumerHeader": "bad header"}))
             .contains("not a valid header name")
     );
+}
+
+/// The headers the upstream would see: the client's, with `edits` applied
+/// the way the host applies them (removals first, then each set replaces
+/// every value of its name).
+fn upstream(client: &[(String, String)], edits: &Edits) -> Vec<(String, String)> {
+    let mut headers: Vec<(String, String)> = client
+        .iter()
+        .filter(|(name, _)| !edits.remove_headers.iter().any(|r| r.eq_ignore_ascii_case(name)))
+        .filter(|(name, _)| !edits.set_headers.iter().any(|(s, _)| s.eq_ignore_ascii_case(name)))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.clone()))
+        .collect();
+    headers.extend(edits.set_headers.iter().cloned());
+    headers
+}
+
+fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect()
+}
+
+/// Issue 11, finding 9: with an API key, a client's own claim headers
+/// (and consumer header) must not reach the upstream.
+#[test]
+fn a_client_cannot_set_the_headers_the_plugin_owns_whatever_its_credential() {
+    let mut config = jwt_config();
+    config["apiKeys"] = json!([{"consumer": "team-b", "sha256": KEY_HASH}]);
+    let auth = auth(config);
+    let spoofed = |credential: Vec<(String, String)>| {
+        let mut headers = credential;
+        for name in ["x-sluice-consumer", "X-Tenant", "x-groups"] {
+            headers.push((name.to_string(), "spoofed".to_string()));
+        }
+        headers
+    };
+    let mut no_org = claims();
+    no_org.as_object_mut().unwrap().remove("org");
+    let token = |claims: &Value| bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), claims));
+    for (what, credential) in [
+        ("bearer key", bearer("hunter2")),
+        ("x-api-key", vec![("x-api-key".to_string(), "hunter2".to_string())]),
+        ("jwt", token(&claims())),
+        ("jwt without org", token(&no_org)),
+    ] {
+        let client = spoofed(credential);
+        let forwarded = upstream(&client, &call(&auth, "gpt", &client).unwrap());
+        for name in ["x-sluice-consumer", "x-tenant", "x-groups"] {
+            assert!(
+                !values(&forwarded, name).contains(&"spoofed"),
+                "{what}: the client's {name} passed: {forwarded:?}"
+            );
+        }
+        assert_eq!(values(&forwarded, "x-sluice-consumer").len(), 1, "{what}: {forwarded:?}");
+        assert!(values(&forwarded, "authorization").is_empty() && values(&forwarded, "x-api-key").is_empty());
+    }
+}
+
+/// Issue 11, finding 9: an API key's consumer and a token's subject of the
+/// same name are different callers, upstream and in `allowedModels`.
+#[test]
+fn api_key_consumers_and_jwt_subjects_are_separate_namespaces() {
+    let mut config = jwt_config();
+    config["apiKeys"] = json!([{"consumer": "alice", "sha256": KEY_HASH}]);
+    config["allowedModels"] = json!({"key:alice": ["small-*"], "jwt:alice": ["gpt-4o*"]});
+    let auth = auth(config);
+    let token = bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), &claims()));
+
+    assert_eq!(call(&auth, "small-1", &bearer("hunter2")).unwrap().header("x-sluice-consumer"), Some("key:alice"));
+    assert_eq!(call(&auth, "gpt-4o", &token).unwrap().header("x-sluice-consumer"), Some("jwt:alice"));
+    let error = call(&auth, "gpt-4o", &bearer("hunter2")).unwrap_err();
+    assert_eq!((error.status, error.message.as_str()), (403, "consumer \"key:alice\" may not use model \"gpt-4o\""));
+    let error = call(&auth, "small-1", &token).unwrap_err();
+    assert_eq!((error.status, error.message.as_str()), (403, "consumer \"jwt:alice\" may not use model \"small-1\""));
+}
+
+#[test]
+fn allowed_models_keys_must_name_a_namespace() {
+    let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();
+    let keys =
+        |allowed: Value| json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}], "allowedModels": allowed});
+    // A bare name would silently stop matching anyone: refused, not ignored.
+    assert!(
+        error(keys(json!({"team-b": ["llama3"]})))
+            .contains("allowedModels: \"team-b\" must be \"*\", \"key:<consumer>\" or \"jwt:<subject>\"")
+    );
+    assert!(error(keys(json!({"key:team-c": ["llama3"]}))).contains("no API key has the consumer \"team-c\""));
+    assert!(error(keys(json!({"jwt:alice": ["llama3"]}))).contains("`jwt` is not configured"));
+    let mut config = jwt_config();
+    config["allowedModels"] = json!({"jwt:": ["llama3"]});
+    assert!(error(config).contains("names no subject"));
+}
+
+#[test]
+fn owned_header_names_cannot_collide() {
+    let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();
+    let mut config = jwt_config();
+    config["jwt"]["claimHeaders"] = json!({"X-Sluice-Consumer": "email"});
+    assert!(error(config).contains("jwt.claimHeaders: x-sluice-consumer is the consumer header"));
+    let mut config = jwt_config();
+    config["jwt"]["claimHeaders"] = json!({"authorization": "sub"});
+    assert!(error(config).contains("jwt.claimHeaders: authorization carries credentials"));
+    let mut config = jwt_config();
+    config["jwt"]["claimHeaders"] = json!({"X-Tenant": "org.id", "x-tenant": "tenant"});
+    assert!(error(config).contains("jwt.claimHeaders: x-tenant is listed twice"));
+    let mut config = jwt_config();
+    config["consumerHeader"] = json!("x-api-key");
+    assert!(error(config).contains("consumerHeader: x-api-key carries credentials"));
+}
+
+#[test]
+fn consumers_that_cannot_be_header_values_are_refused() {
+    let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();
+    assert!(
+        error(json!({"apiKeys": [{"consumer": "a\nb", "sha256": KEY_HASH}]}))
+            .contains("apiKeys[0]: `consumer` has control characters")
+    );
+    let auth = auth(jwt_config());
+    let mut claims = claims();
+    claims["sub"] = json!("alice\r\nx-admin: true");
+    let error = rejected(&auth, &bearer(&sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), &claims)));
+    assert_eq!((error.status, error.message.as_str()), (401, "the token's \"sub\" claim cannot be sent as a header"));
 }
