@@ -105,6 +105,20 @@ impl ApiError {
         )
     }
 
+    /// Over a capacity limit: the client may retry later.
+    pub fn overloaded(why: impl std::fmt::Display) -> Self {
+        Self::new(503, ErrorType::ServerError, "overloaded", format!("the gateway is overloaded: {why}; retry later"))
+    }
+
+    pub fn request_timeout(after: std::time::Duration) -> Self {
+        Self::new(
+            408,
+            ErrorType::InvalidRequestError,
+            "request_timeout",
+            format!("the request body did not arrive within {} s", after.as_secs_f64()),
+        )
+    }
+
     pub fn internal(why: impl std::fmt::Display) -> Self {
         Self::new(500, ErrorType::ServerError, "internal_error", why.to_string())
     }

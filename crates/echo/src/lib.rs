@@ -66,7 +66,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let opts = Arc::new(opts);
     // Tests stop the echo only once their streams are done: no drain limit.
-    sluice_serve::serve(listener, shutdown, Duration::MAX, move |req| {
+    sluice_serve::serve(listener, Default::default(), shutdown, Duration::MAX, move |req| {
         let opts = opts.clone();
         async move { handle(req, &opts).await }
     })

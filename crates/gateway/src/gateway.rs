@@ -6,7 +6,7 @@ use arc_swap::ArcSwap;
 use sluice_core::{LoadReport, ResourceError};
 use sluice_oci::Registry;
 use sluice_runtime::Runtime;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::snapshot::{self, BuildReport, Snapshot};
 use crate::source::ConfigUpdate;
@@ -25,6 +25,16 @@ pub struct Settings {
     /// serves without it, so one unreachable registry cannot hold a
     /// rollout back forever.
     pub max_ready_wait: Duration,
+    /// The data plane listener's connection limits.
+    pub connections: sluice_serve::Limits,
+    /// Requests (streams included) in flight at once; past it, a 503.
+    pub max_in_flight: usize,
+    /// Request bodies all requests in flight may hold in memory together;
+    /// past it, a 503, so that many large bodies at once cannot exhaust
+    /// the container's memory.
+    pub max_buffered_body_bytes: usize,
+    /// A request body must arrive within this long; a 408 otherwise.
+    pub request_body_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -33,6 +43,11 @@ impl Default for Settings {
             max_body_bytes: 4 * 1024 * 1024,
             oci_resync: Duration::from_secs(60),
             max_ready_wait: Duration::from_secs(120),
+            connections: sluice_serve::Limits::default(),
+            // Envoy's default circuit breaker for requests to a cluster.
+            max_in_flight: 1024,
+            max_buffered_body_bytes: 256 * 1024 * 1024,
+            request_body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -60,6 +75,10 @@ pub struct Gateway {
     pub(crate) registry: Option<Registry>,
     pub(crate) upstream: UpstreamClient,
     pub(crate) settings: Settings,
+    /// One permit per request in flight.
+    pub(crate) in_flight: Arc<Semaphore>,
+    /// One permit per byte of request body held in memory.
+    pub(crate) body_budget: Arc<Semaphore>,
 }
 
 /// What the admin API tells about the last config change.
@@ -87,6 +106,8 @@ impl Gateway {
             draining: AtomicBool::new(false),
             upstream: UpstreamClient::new()?,
             runtime,
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
+            body_budget: Arc::new(Semaphore::new(settings.max_buffered_body_bytes.clamp(1, Semaphore::MAX_PERMITS))),
             settings,
         }))
     }

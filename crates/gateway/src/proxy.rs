@@ -5,11 +5,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use sluice_core::ApiError;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::{Body, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, request_filters};
@@ -30,7 +31,14 @@ const MAX_LISTING_CHECKS: usize = 1024;
 const MAX_UNKNOWN_MODEL_CHECKS: usize = 16;
 
 pub async fn handle(gateway: Arc<Gateway>, request: http::Request<Incoming>) -> http::Response<Body> {
-    match serve(&gateway, request).await {
+    // Shed load before doing any work: the permit lives as long as the
+    // response, its stream included.
+    let Ok(permit) = gateway.in_flight.clone().try_acquire_owned() else {
+        let error = ApiError::overloaded(format_args!("{} requests in flight", gateway.settings.max_in_flight));
+        tracing::warn!(status = error.status, code = error.code, "{}", error.message);
+        return error_response(&error);
+    };
+    let response = match serve(&gateway, request).await {
         Ok(response) => response,
         Err(error) => {
             if error.status >= 500 {
@@ -38,7 +46,14 @@ pub async fn handle(gateway: Arc<Gateway>, request: http::Request<Incoming>) -> 
             }
             error_response(&error)
         }
-    }
+    };
+    response.map(|body| {
+        body.map_frame(move |frame| {
+            let _held = &permit;
+            frame
+        })
+        .boxed_unsync()
+    })
 }
 
 async fn serve(gateway: &Gateway, request: http::Request<Incoming>) -> Result<http::Response<Body>, ApiError> {
@@ -121,7 +136,9 @@ async fn proxy(
 ) -> Result<http::Response<Body>, ApiError> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let body = read_body(body, &parts.headers, gateway.settings.max_body_bytes).await?;
+    // The budget is held until the response head: by then the request body
+    // has been sent upstream and dropped.
+    let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
     let model = requested_model(&body)?;
     let mut outgoing = Outgoing::new(parts, body);
     let Some(route) = snapshot.route_for(&model) else {
@@ -137,16 +154,48 @@ async fn proxy(
     response::respond(upstream, exchange, engaged, gateway.settings.max_body_bytes).await
 }
 
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads the whole request body, within the per-request size limit, the
+/// body timeout, and the memory budget shared by all requests in flight;
+/// returns it with its share of the budget.
+async fn read_body(
+    gateway: &Gateway,
+    mut body: Incoming,
+    headers: &HeaderMap,
+) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
+    let limit = gateway.settings.max_body_bytes;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|len| len > limit) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
-        Err(error) => Err(ApiError::invalid_request("body_read_failed", format!("reading the request body: {error}"))),
+    let over_budget = || ApiError::overloaded("too many request bodies are being buffered");
+    let reserve = |bytes: usize| {
+        let bytes = u32::try_from(bytes).map_err(|_| ApiError::too_large(limit))?;
+        gateway.body_budget.clone().try_acquire_many_owned(bytes).map_err(|_| over_budget())
+    };
+    let mut held = reserve(declared.unwrap_or(0))?;
+    let read = async {
+        let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|error| {
+                ApiError::invalid_request("body_read_failed", format!("reading the request body: {error}"))
+            })?;
+            let Ok(data) = frame.into_data() else { continue };
+            if buffer.len() + data.len() > limit {
+                return Err(ApiError::too_large(limit));
+            }
+            buffer.extend_from_slice(&data);
+            let have = held.num_permits();
+            if buffer.len() > have {
+                held.merge(reserve(buffer.len() - have)?);
+            }
+        }
+        Ok(buffer.freeze())
+    };
+    let timeout = gateway.settings.request_body_timeout;
+    match tokio::time::timeout(timeout, read).await {
+        Ok(result) => result.map(|bytes| (bytes, held)),
+        Err(_) => Err(ApiError::request_timeout(timeout)),
     }
 }
 

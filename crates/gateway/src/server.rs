@@ -16,12 +16,14 @@ pub async fn serve_data_plane(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    sluice_serve::serve(listener, shutdown, drain, move |request| crate::proxy::handle(gateway.clone(), request)).await
+    let limits = gateway.settings.connections.clone();
+    sluice_serve::serve(listener, limits, shutdown, drain, move |request| crate::proxy::handle(gateway.clone(), request))
+        .await
 }
 
 /// Serves health, readiness and the config view.
 pub async fn serve_admin(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    sluice_serve::serve(listener, shutdown, Duration::from_secs(1), move |request| {
+    sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
         let gateway = gateway.clone();
         async move { crate::admin::handle(&gateway, request) }
     })

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_gateway::{FileSource, Gateway, Settings};
 use sluice_runtime::{Runtime, RuntimeConfig};
+use sluice_serve::Limits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -69,7 +70,41 @@ pub struct RunArgs {
     #[arg(long, default_value_t = Settings::default().max_ready_wait.as_secs())]
     pub max_ready_wait_seconds: u64,
     #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
     pub registry: RegistryArgs,
+}
+
+/// What one client, or many at once, may hold on the data plane. The admin
+/// listener has fixed, smaller limits (64 connections, 10 s idle).
+#[derive(clap::Args)]
+#[command(next_help_heading = "Client limits")]
+pub struct LimitArgs {
+    /// Connections open at once; past it, new ones wait in the kernel's
+    /// backlog until one closes.
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+    /// A connection with no request in flight is closed after this long,
+    /// including one that never completes a request head.
+    #[arg(long, default_value_t = Limits::default().idle_timeout.as_secs())]
+    pub idle_timeout_seconds: u64,
+    /// An HTTP/1 request head must arrive within this long (slowloris).
+    #[arg(long, default_value_t = Limits::default().header_read_timeout.as_secs())]
+    pub header_read_timeout_seconds: u64,
+    /// A request body must arrive within this long; a 408 otherwise.
+    #[arg(long, default_value_t = Settings::default().request_body_timeout.as_secs())]
+    pub request_body_timeout_seconds: u64,
+    /// Requests in flight at once, streams included; past it, a 503 in
+    /// OpenAI's error shape.
+    #[arg(long, default_value_t = Settings::default().max_in_flight)]
+    pub max_in_flight_requests: usize,
+    /// Memory all request bodies in flight may hold together, in bytes;
+    /// past it, a 503.
+    #[arg(long, default_value_t = Settings::default().max_buffered_body_bytes)]
+    pub max_buffered_body_bytes: usize,
+    /// Streams one HTTP/2 connection may have open at once.
+    #[arg(long, default_value_t = Limits::default().http2_max_concurrent_streams)]
+    pub http2_max_concurrent_streams: u32,
 }
 
 /// Runs the gateway until `shutdown` resolves, then drains: /readyz fails
@@ -118,6 +153,16 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         max_body_bytes: args.max_body_bytes,
         oci_resync: Duration::from_secs(args.oci_resync_seconds.max(1)),
         max_ready_wait: Duration::from_secs(args.max_ready_wait_seconds),
+        connections: Limits {
+            max_connections: args.limits.max_connections,
+            idle_timeout: Duration::from_secs(args.limits.idle_timeout_seconds.max(1)),
+            header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds.max(1)),
+            http2_max_concurrent_streams: args.limits.http2_max_concurrent_streams.max(1),
+            ..Limits::default()
+        },
+        max_in_flight: args.limits.max_in_flight_requests,
+        max_buffered_body_bytes: args.limits.max_buffered_body_bytes,
+        request_body_timeout: Duration::from_secs(args.limits.request_body_timeout_seconds.max(1)),
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)
 }
