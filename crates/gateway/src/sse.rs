@@ -68,8 +68,8 @@ pub fn data_of(event: &[u8]) -> Option<String> {
     let mut data: Option<String> = None;
     for line in text.lines() {
         let value = match line.strip_prefix("data") {
-            Some(rest) if rest.is_empty() => "",
-            Some(rest) if rest.starts_with(':') => rest[1..].strip_prefix(' ').unwrap_or(&rest[1..]),
+            Some("") => "",
+            Some(rest) if let Some(value) = rest.strip_prefix(':') => value.strip_prefix(' ').unwrap_or(value),
             _ => continue,
         };
         match &mut data {

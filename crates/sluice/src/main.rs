@@ -19,7 +19,7 @@ struct Cli {
 enum Command {
     /// Run the gateway on GatewayPlugin and AIModelRoute YAML from a
     /// directory (`--config`), or from the Kubernetes API (`--kubernetes`).
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Run an OpenAI-compatible upstream that echoes what it receives.
     EchoUpstream {
         #[arg(long, default_value = "127.0.0.1:9000")]
@@ -59,7 +59,7 @@ fn main() -> anyhow::Result<()> {
             sluice_echo::serve(listener, options, shutdown_signal()).await?;
             Ok(())
         }),
-        Command::Run(args) => tokio_runtime()?.block_on(run::run(args, shutdown_signal())),
+        Command::Run(args) => tokio_runtime()?.block_on(run::run(*args, shutdown_signal())),
         Command::Push(args) => tokio_runtime()?.block_on(oci_cmd::push(args)),
         Command::Pull(args) => tokio_runtime()?.block_on(oci_cmd::pull(args)),
         Command::Inspect(args) => tokio_runtime()?.block_on(oci_cmd::inspect(args)),

@@ -185,7 +185,7 @@ fn join(here: &[&str], name: &str) -> String {
 /// skipped (`//` to the end of the line), so prose cannot add an import.
 fn paths(code: &str) -> Vec<Vec<&str>> {
     let mut out = Vec::new();
-    let mut pending_use: Option<(usize, usize)> = None;
+    let mut pending_use: Option<usize> = None;
     let mut offset = 0;
     for line in code.split_inclusive('\n') {
         let code_part = &line[..line.find("//").unwrap_or(line.len())];
@@ -197,15 +197,12 @@ fn paths(code: &str) -> Vec<Vec<&str>> {
             .find_map(|keyword| trimmed.strip_prefix(keyword));
         if let Some(tree) = declaration.filter(|_| pending_use.is_none()) {
             let tree_start = start + (code_part.len() - tree.len());
-            pending_use = Some((tree_start, tree_start));
+            pending_use = Some(tree_start);
         }
-        if let Some((tree_start, _)) = pending_use {
-            match code_part.find(';') {
-                Some(end) => {
-                    pending_use = None;
-                    use_tree(&code[tree_start..start + end], Vec::new(), &mut out);
-                }
-                _ => {}
+        if let Some(tree_start) = pending_use {
+            if let Some(end) = code_part.find(';') {
+                pending_use = None;
+                use_tree(&code[tree_start..start + end], Vec::new(), &mut out);
             }
             continue;
         }
