@@ -17,8 +17,10 @@ pub async fn serve_data_plane(
     drain: Duration,
 ) {
     let limits = gateway.settings.connections.clone();
-    sluice_serve::serve(listener, limits, shutdown, drain, move |request| crate::proxy::handle(gateway.clone(), request))
-        .await
+    sluice_serve::serve(listener, limits, shutdown, drain, move |request| {
+        crate::proxy::handle(gateway.clone(), request)
+    })
+    .await
 }
 
 /// Serves health, readiness and the config view.

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::HeaderValue;
 use serde::Serialize;
 use sluice_core::{
-    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource, RegistryCredentials,
-    ResourceError, ResourceKey, RouteDecl, reason,
+    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource,
+    RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
