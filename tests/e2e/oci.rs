@@ -70,7 +70,7 @@ fn options(cache: &Path) -> RegistryOptions {
     let mut options = RegistryOptions::new(cache);
     // Hermetic: never the docker config of whoever runs the tests.
     options.credentials =
-        Credentials { docker_config: Some(cache.join("no-docker-config.json")), credentials_file: None };
+        Credentials { docker_config: Some(cache.join("no-docker-config.json")), ..Credentials::default() };
     let _ = std::fs::write(cache.join("no-docker-config.json"), "{}");
     options
 }
@@ -478,18 +478,22 @@ async fn basic_auth_credentials_are_used_and_bad_ones_are_unauthorized() {
         options.credentials = credentials;
         sluice_oci::Registry::new(options).unwrap()
     };
+    // A username:password file names no registry: it is bound to this one.
+    let bound = |file: String| Credentials {
+        credentials_file: Some(file.into()),
+        registries: vec![registry.host()],
+        ..Credentials::default()
+    };
     let password_file = write(scratch.path(), "userpass", b"plugin-ci:correct horse\n");
-    let good =
-        with_credentials("good", Credentials { docker_config: None, credentials_file: Some(password_file.into()) });
+    let good = with_credentials("good", bound(password_file));
     push(&good, &module, &target).await;
     assert!(good.pull(&target, PullPolicy::Always, None).await.unwrap().module == module);
 
     let wrong_file = write(scratch.path(), "wrong", b"plugin-ci:battery staple\n");
-    let wrong =
-        with_credentials("wrong", Credentials { docker_config: None, credentials_file: Some(wrong_file.into()) });
+    let wrong = with_credentials("wrong", bound(wrong_file));
     let anonymous = with_credentials(
         "anonymous",
-        Credentials { docker_config: Some(scratch.path().join("none.json")), credentials_file: None },
+        Credentials { docker_config: Some(scratch.path().join("none.json")), ..Credentials::default() },
     );
     std::fs::write(scratch.path().join("none.json"), "{}").unwrap();
     for (who, oci) in [("wrong password", &wrong), ("anonymous", &anonymous)] {
@@ -741,4 +745,82 @@ async fn a_pin_means_the_module_digest_at_pull_and_at_load_in_every_layout() {
             assert!(error.to_string().contains(&sha256(&module)), "{what}: name the module digest: {error}");
         }
     }
+}
+
+/// Image layers built to hurt, by Python's tarfile: each is a small blob in
+/// a real registry that unpacks to far more than a plugin needs.
+const TAR_BOMB_SCRIPT: &str = r#"
+import io, sys, tarfile
+kind, path, module = sys.argv[1], sys.argv[2], open(sys.argv[3], "rb").read()
+
+class Zeros:
+    def __init__(self, n): self.left = n
+    def read(self, n=-1):
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return bytes(n)
+
+def add(t, name, data, size=None, pax=None):
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if size is None else size
+    if pax: info.pax_headers = pax
+    t.addfile(info, io.BytesIO(data) if size is None else data)
+
+if kind == "padding":
+    # 256 MiB of zeros before plugin.wasm: about 256 KiB gzipped.
+    with tarfile.open(path, "w:gz", compresslevel=1) as t:
+        add(t, "padding", Zeros(256 << 20), size=256 << 20)
+        add(t, "plugin.wasm", module)
+elif kind == "pax":
+    # An 8 MiB PAX record on plugin.wasm itself, in a plain tar.
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
+        add(t, "plugin.wasm", module, pax={"comment": "x" * (8 << 20)})
+elif kind == "longname":
+    # An 8 MiB GNU long name before plugin.wasm.
+    with tarfile.open(path, "w:gz", format=tarfile.GNU_FORMAT) as t:
+        add(t, "d/" * (4 << 20) + "f", b"x")
+        add(t, "plugin.wasm", module)
+"#;
+
+/// Decompression bombs in an image layer: the unpacked tar is capped (the
+/// module limit plus a little room), and so are PAX and GNU long-name
+/// entries (1 MiB, as Go's archive/tar), while the layer streams.
+#[tokio::test]
+async fn decompression_bombs_in_an_image_layer_are_refused() {
+    let registry = Registry::start();
+    let scratch = TempDir::new().unwrap();
+    let cache = scratch.path().join("cache");
+    let oci = client(&cache);
+    let wasm = write(scratch.path(), "plugin.wasm", &plugin());
+    let config = write(scratch.path(), "image-config.json", b"{\"architecture\":\"amd64\",\"os\":\"linux\"}");
+    let cases = [
+        ("padding", "application/vnd.oci.image.layer.v1.tar+gzip", "decompressed image layer"),
+        ("pax", "application/vnd.oci.image.layer.v1.tar", "PAX header"),
+        ("longname", "application/vnd.oci.image.layer.v1.tar+gzip", "GNU long name"),
+    ];
+    let mut accepted = Vec::new();
+    for (kind, media_type, what) in cases {
+        let layer = scratch.path().join(format!("{kind}.tar"));
+        let status =
+            Command::new(oras_python()).args(["-c", TAR_BOMB_SCRIPT, kind]).arg(&layer).arg(&wasm).status().unwrap();
+        assert!(status.success(), "building the {kind} layer");
+        let size = std::fs::metadata(&layer).unwrap().len();
+        assert!(size < 16 << 20, "{kind}: the layer itself is small ({size} bytes)");
+        let target = registry.reference(&format!("bombs/{kind}:v1"));
+        oras(json!({
+            "op": "raw", "target": target,
+            "manifestMediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": [config, "application/vnd.oci.image.config.v1+json"],
+            "layers": [[layer, media_type]],
+        }));
+        match oci.pull(&target.parse().unwrap(), PullPolicy::Always, None).await {
+            Ok(pulled) => accepted.push(format!("{kind} ({} byte module)", pulled.module.len())),
+            Err(error) => {
+                let message = error.to_string();
+                assert!(message.contains(what) && message.contains("over the limit of"), "{kind}: {message}");
+            }
+        }
+    }
+    assert!(accepted.is_empty(), "bombs accepted: {accepted:?}");
+    assert_eq!(std::fs::read_dir(cache.join("blobs/sha256")).unwrap().count(), 0, "a bomb's module was cached");
 }

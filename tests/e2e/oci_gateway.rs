@@ -23,10 +23,15 @@ fn hex_sha256(bytes: &[u8]) -> String {
 /// Pushes `module` to `reference` with the library client.
 async fn push(module: &[u8], reference: &str, credentials: Option<&Path>) {
     let scratch = tempfile::tempdir().unwrap();
-    let mut options = RegistryOptions::new(scratch.path().join("cache"));
-    options.credentials = Credentials { docker_config: None, credentials_file: credentials.map(Path::to_path_buf) };
-    let client = sluice_oci::Registry::new(options).expect("an OCI client");
     let reference: Reference = reference.parse().expect("a valid reference");
+    let mut options = RegistryOptions::new(scratch.path().join("cache"));
+    // A username:password file names no registry: bind it to this one.
+    options.credentials = Credentials {
+        credentials_file: credentials.map(Path::to_path_buf),
+        registries: vec![reference.registry().to_string()],
+        ..Credentials::default()
+    };
+    let client = sluice_oci::Registry::new(options).expect("an OCI client");
     client.push(module.to_vec(), &reference, BTreeMap::new(), None).await.expect("pushing");
 }
 
@@ -149,7 +154,12 @@ async fn registry_failures_stay_with_the_plugin_they_concern() {
 
     // With the credentials, the private plugin loads too.
     let options = Options {
-        args: vec!["--credentials-file".into(), credentials_file.display().to_string()],
+        args: vec![
+            "--credentials-file".into(),
+            credentials_file.display().to_string(),
+            "--credentials-registry".into(),
+            locked.host(),
+        ],
         ..Options::default()
     };
     let dir2 = ConfigDir::new();

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use sha2::Digest as _;
-use sluice_oci::{Credentials, PullPolicy, Reference, RegistryOptions};
+use sluice_oci::{Credentials, OciError, Origin, PullCredentials, PullPolicy, Reference, RegistryOptions};
 use sluice_tests::Registry;
 use tempfile::TempDir;
 
@@ -44,11 +44,17 @@ struct Seen {
 
 /// What the liar answers: a status, headers, and a body given whole or as
 /// `len` repetitions of one byte (streamed, so a huge one costs no memory).
+/// With `hide_length` the body has no Content-Length and ends when the
+/// connection closes, so only a client that counts as it reads can stop it.
+/// With `needs`, only a request with that `Authorization` gets the answer;
+/// others get a 401 with the challenge.
 #[derive(Clone)]
 struct Answer {
     status: u16,
     headers: Vec<(String, String)>,
     body: Body,
+    hide_length: bool,
+    needs: Option<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -64,6 +70,8 @@ impl Answer {
             status: 200,
             headers: vec![("Content-Type".into(), media_type.into()), ("Docker-Content-Digest".into(), digest)],
             body: Body::Bytes(Arc::new(body)),
+            hide_length: false,
+            needs: None,
         }
     }
 
@@ -72,20 +80,51 @@ impl Answer {
             status: 200,
             headers: vec![("Content-Type".into(), "application/octet-stream".into())],
             body: Body::Bytes(Arc::new(body)),
+            hide_length: false,
+            needs: None,
         }
     }
 
     fn status(status: u16) -> Answer {
-        Answer { status, headers: Vec::new(), body: Body::Bytes(Arc::new(Vec::new())) }
+        Answer { status, headers: Vec::new(), body: Body::Bytes(Arc::new(Vec::new())), hide_length: false, needs: None }
+    }
+
+    /// `len` bytes of `byte` with status `status` and content type `media_type`.
+    fn huge(status: u16, media_type: &str, len: u64, hide_length: bool) -> Answer {
+        Answer {
+            status,
+            headers: vec![("Content-Type".into(), media_type.into())],
+            body: Body::Repeat { byte: b' ', len },
+            hide_length,
+            needs: None,
+        }
+    }
+
+    /// This answer only for `authorization`; `challenge` for anyone else.
+    fn needing(self, authorization: &str, challenge: &str) -> Answer {
+        Answer { needs: Some((authorization.into(), challenge.into())), ..self }
+    }
+
+    /// 401 with a `WWW-Authenticate` challenge.
+    fn challenge(challenge: &str) -> Answer {
+        Answer {
+            status: 401,
+            headers: vec![("WWW-Authenticate".into(), challenge.into())],
+            body: Body::Bytes(Arc::new(br#"{"errors":[{"code":"UNAUTHORIZED","message":"log in"}]}"#.to_vec())),
+            hide_length: false,
+            needs: None,
+        }
     }
 }
 
-/// A registry that serves what it is told: `answers` by exact request path,
-/// 200 on `/v2/`, 404 elsewhere. Records every request, with its headers.
+/// A registry that serves what it is told: `answers` by exact request path
+/// (or the path without its query), 200 on `/v2/`, 404 elsewhere. Records
+/// every request, with its headers, and how many body bytes it sent per path.
 struct Liar {
     addr: SocketAddr,
     answers: Arc<Mutex<HashMap<String, Answer>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    sent: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Liar {
@@ -94,15 +133,16 @@ impl Liar {
         let addr = listener.local_addr().unwrap();
         let answers: Arc<Mutex<HashMap<String, Answer>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let (answers_in, seen_in) = (answers.clone(), seen.clone());
+        let sent: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+        let (answers_in, seen_in, sent_in) = (answers.clone(), seen.clone(), sent.clone());
         // Detached: it dies with the test process.
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (answers, seen) = (answers_in.clone(), seen_in.clone());
-                std::thread::spawn(move || serve(stream, &answers, &seen));
+                let (answers, seen, sent) = (answers_in.clone(), seen_in.clone(), sent_in.clone());
+                std::thread::spawn(move || serve(stream, &answers, &seen, &sent));
             }
         });
-        Liar { addr, answers, seen }
+        Liar { addr, answers, seen, sent }
     }
 
     fn host(&self) -> String {
@@ -115,10 +155,26 @@ impl Liar {
 
     /// Serves `manifest` (JSON) for `repository:tag` and for its digest.
     fn manifest(&self, repository: &str, tag: &str, media_type: &str, manifest: &Value) -> String {
+        self.manifest_needing(repository, tag, media_type, manifest, None)
+    }
+
+    /// [`Liar::manifest`], only for requests with `needs`' authorization.
+    fn manifest_needing(
+        &self,
+        repository: &str,
+        tag: &str,
+        media_type: &str,
+        manifest: &Value,
+        needs: Option<(&str, &str)>,
+    ) -> String {
+        let guard = |answer: Answer| match needs {
+            Some((authorization, challenge)) => answer.needing(authorization, challenge),
+            None => answer,
+        };
         let body = serde_json::to_vec(manifest).unwrap();
         let digest = sha256(&body);
-        self.answer(&format!("/v2/{repository}/manifests/{tag}"), Answer::json(media_type, body.clone()));
-        self.answer(&format!("/v2/{repository}/manifests/{digest}"), Answer::json(media_type, body));
+        self.answer(&format!("/v2/{repository}/manifests/{tag}"), guard(Answer::json(media_type, body.clone())));
+        self.answer(&format!("/v2/{repository}/manifests/{digest}"), guard(Answer::json(media_type, body)));
         digest
     }
 
@@ -131,9 +187,19 @@ impl Liar {
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// Body bytes written so far for requests to `path` (query excluded).
+    fn sent(&self, path: &str) -> u64 {
+        self.sent.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
 }
 
-fn serve(stream: TcpStream, answers: &Mutex<HashMap<String, Answer>>, seen: &Mutex<Vec<Seen>>) {
+fn serve(
+    stream: TcpStream,
+    answers: &Mutex<HashMap<String, Answer>>,
+    seen: &Mutex<Vec<Seen>>,
+    sent: &Mutex<HashMap<String, u64>>,
+) {
     let mut reader = BufReader::new(stream.try_clone().expect("cloning a stream"));
     let mut stream = stream;
     loop {
@@ -157,17 +223,31 @@ fn serve(stream: TcpStream, answers: &Mutex<HashMap<String, Answer>>, seen: &Mut
                 headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
             }
         }
+        let authorization = headers.get("authorization").cloned();
         seen.lock().unwrap().push(Seen { method: method.clone(), path: path.clone(), headers });
-        let answer = match answers.lock().unwrap().get(&path) {
-            Some(answer) => answer.clone(),
-            None if path == "/v2/" => Answer::status(200),
-            None => Answer::status(404),
+        let bare = path.split('?').next().unwrap_or_default().to_string();
+        let answer = {
+            let answers = answers.lock().unwrap();
+            match answers.get(&path).or_else(|| answers.get(&bare)) {
+                Some(answer) => answer.clone(),
+                None if path == "/v2/" => Answer::status(200),
+                None => Answer::status(404),
+            }
+        };
+        let answer = match &answer.needs {
+            Some((needed, challenge)) if authorization.as_ref() != Some(needed) => Answer::challenge(challenge),
+            _ => answer,
         };
         let len = match &answer.body {
             Body::Bytes(bytes) => bytes.len() as u64,
             Body::Repeat { len, .. } => *len,
         };
-        let mut head = format!("HTTP/1.1 {} X\r\nContent-Length: {len}\r\n", answer.status);
+        let mut head = format!("HTTP/1.1 {} X\r\n", answer.status);
+        if answer.hide_length {
+            head.push_str("Connection: close\r\n");
+        } else {
+            head.push_str(&format!("Content-Length: {len}\r\n"));
+        }
         for (name, value) in &answer.headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
@@ -176,15 +256,16 @@ fn serve(stream: TcpStream, answers: &Mutex<HashMap<String, Answer>>, seen: &Mut
             return;
         }
         if method != "HEAD" {
+            let count = |n: usize| *sent.lock().unwrap().entry(bare.clone()).or_default() += n as u64;
             let written = match &answer.body {
-                Body::Bytes(bytes) => stream.write_all(bytes),
+                Body::Bytes(bytes) => stream.write_all(bytes).map(|()| count(bytes.len())),
                 Body::Repeat { byte, len } => {
                     let chunk = vec![*byte; 64 * 1024];
                     let mut left = *len;
                     let mut result = Ok(());
                     while left > 0 && result.is_ok() {
                         let n = left.min(chunk.len() as u64) as usize;
-                        result = stream.write_all(&chunk[..n]);
+                        result = stream.write_all(&chunk[..n]).map(|()| count(n));
                         left -= n as u64;
                     }
                     result
@@ -194,6 +275,9 @@ fn serve(stream: TcpStream, answers: &Mutex<HashMap<String, Answer>>, seen: &Mut
             if written.is_err() {
                 return;
             }
+        }
+        if answer.hide_length {
+            return;
         }
     }
 }
@@ -216,7 +300,7 @@ fn options(cache: &Path) -> RegistryOptions {
     let mut options = RegistryOptions::new(cache);
     let none = cache.join("no-docker-config.json");
     std::fs::write(&none, "{}").unwrap();
-    options.credentials = Credentials { docker_config: Some(none), credentials_file: None };
+    options.credentials = Credentials { docker_config: Some(none), ..Credentials::default() };
     options
 }
 
@@ -335,4 +419,289 @@ async fn a_tampered_cache_record_cannot_name_a_file_outside_the_cache() {
     let pulled = fresh.pull(&by_digest, PullPolicy::IfNotPresent, None).await.unwrap();
     assert!(pulled.module == plugin(), "the module came from somewhere else");
     planted.assert_untouched("tampered record");
+}
+
+/// Asserts that no request to the liar carried credentials.
+fn assert_not_offered(liar: &Liar, what: &str) {
+    let offered: Vec<Seen> = liar.seen().into_iter().filter(|s| s.headers.contains_key("authorization")).collect();
+    assert!(offered.is_empty(), "{what}: credentials were offered to {}: {offered:?}", liar.host());
+}
+
+/// A credential that names no registry (a `username:password` file) must not
+/// be offered to whatever host a plugin reference names: docker's
+/// `config.json` binds each credential to a host, and so must every shape.
+#[tokio::test]
+async fn credentials_are_offered_only_to_the_registry_they_are_for() {
+    let liar = Liar::start();
+    // The liar asks everyone to log in, as a phishing registry would.
+    let challenge = Answer::challenge("Basic realm=\"liar\"");
+    liar.answer("/v2/", challenge.clone());
+    liar.answer("/v2/evil/plugin/manifests/v1", challenge);
+    let private = Registry::start_with_basic_auth("ci", "s3cret-for-the-private-registry");
+    let scratch = TempDir::new().unwrap();
+    let cache = scratch.path().join("cache");
+    let userpass = scratch.path().join("userpass");
+    std::fs::write(&userpass, "ci:s3cret-for-the-private-registry\n").unwrap();
+    let docker = scratch.path().join("docker.json");
+    let auth = json!({"auths": {private.host(): {"username": "ci", "password": "s3cret-for-the-private-registry"}}});
+    std::fs::write(&docker, auth.to_string()).unwrap();
+    let evil = format!("{}/evil/plugin:v1", liar.host());
+
+    // The library with the bare file: refused up front, never offered.
+    let mut bare = options(&cache);
+    bare.credentials.credentials_file = Some(userpass.clone());
+    match sluice_oci::Registry::new(bare) {
+        Err(error) => assert!(error.to_string().contains("--credentials-registry"), "{error}"),
+        Ok(oci) => assert!(oci.pull(&evil.parse().unwrap(), PullPolicy::Always, None).await.is_err()),
+    }
+    assert_not_offered(&liar, "the library with a username:password file");
+
+    // The binary, with each shape.
+    let (userpass, docker) = (userpass.to_str().unwrap(), docker.to_str().unwrap());
+    let tries: [&[&str]; 4] = [
+        &["--credentials-file", userpass],
+        &["--credentials-file", userpass, "--credentials-registry", &private.host()],
+        &["--credentials-file", docker],
+        &["--docker-config", docker],
+    ];
+    for flags in tries {
+        let mut args = vec!["pull", evil.as_str(), "-o", "/dev/null"];
+        args.extend_from_slice(flags);
+        let output = sluice(scratch.path(), &cache, &args);
+        assert!(!output.status.success(), "{flags:?}: the liar's pull succeeded");
+        assert_not_offered(&liar, &format!("{flags:?}"));
+    }
+
+    // A bare file with no registry named is refused, saying what to do.
+    let output = sluice(scratch.path(), &cache, &["pull", &evil, "-o", "/dev/null", "--credentials-file", userpass]);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("--credentials-registry"), "{stderr}");
+    // Bound to the private registry, the same file opens it.
+    let target = private.reference("private/filter:v1");
+    let mut options = options(&scratch.path().join("push-cache"));
+    options.credentials.credentials_file = Some(docker.into());
+    let oci = sluice_oci::Registry::new(options).unwrap();
+    oci.push(plugin(), &target.parse().unwrap(), BTreeMap::new(), None).await.unwrap();
+    let bound = ["--credentials-file", userpass, "--credentials-registry", &private.host()];
+    let mut args = vec!["pull", target.as_str(), "-o", "/dev/null"];
+    args.extend_from_slice(&bound);
+    let output = sluice(scratch.path(), &cache, &args);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}
+
+/// A private registry holding one module, pushed by its owner, and the
+/// gateway's shared cache (no credentials of its own) that pulled it with
+/// the owner's pull Secret.
+struct PulledWithASecret {
+    registry: Registry,
+    module: Vec<u8>,
+    tag: Reference,
+    pushed: sluice_oci::Pushed,
+    oci: sluice_oci::Registry,
+    secret: PullCredentials,
+    _scratch: TempDir,
+}
+
+async fn pulled_with_a_secret() -> PulledWithASecret {
+    let registry = Registry::start_with_basic_auth("tenant-a", "a-secret");
+    let scratch = TempDir::new().unwrap();
+    let module = plugin();
+    let tag: Reference = registry.reference("private/filter:v1").parse().unwrap();
+    // Pushed by tenant A's CI, with a docker config for that registry alone.
+    let docker = scratch.path().join("docker.json");
+    let auth = json!({"auths": {registry.host(): {"username": "tenant-a", "password": "a-secret"}}});
+    std::fs::write(&docker, auth.to_string()).unwrap();
+    let mut push_options = options(&scratch.path().join("push-cache"));
+    push_options.credentials.credentials_file = Some(docker);
+    let pusher = sluice_oci::Registry::new(push_options).unwrap();
+    let pushed = pusher.push(module.clone(), &tag, BTreeMap::new(), None).await.unwrap();
+
+    let oci = sluice_oci::Registry::new(options(&scratch.path().join("cache"))).unwrap();
+    let secret = PullCredentials::Basic { username: "tenant-a".into(), password: "a-secret".into() };
+    let first = oci.pull_as(&tag, PullPolicy::IfNotPresent, None, Some(&secret)).await.unwrap();
+    assert!(first.origin == Origin::Registry && first.module == module);
+    PulledWithASecret { registry, module, tag, pushed, oci, secret, _scratch: scratch }
+}
+
+/// A module pulled with one namespace's pull Secret is served from the
+/// shared cache only to callers that prove access to it, as kubelet does for
+/// `IfNotPresent` images (KEP-2535): the Secret's holder is served without a
+/// request, anyone else is refused, by tag or by digest, registry up or down.
+#[tokio::test]
+async fn a_module_pulled_with_a_pull_secret_is_served_from_the_cache_only_to_holders_of_it() {
+    let PulledWithASecret { mut registry, module, tag, pushed, oci, secret, _scratch } = pulled_with_a_secret().await;
+    let by_digest = tag.with_digest(&pushed.manifest_digest);
+    let wrong = PullCredentials::Basic { username: "tenant-a".into(), password: "a guess".into() };
+
+    // The Secret's holder: from the cache, without asking the registry again.
+    let requests = registry.access_log().lines().count();
+    for reference in [&tag, &by_digest] {
+        let again = oci.pull_as(reference, PullPolicy::IfNotPresent, None, Some(&secret)).await.unwrap();
+        assert_eq!(again.origin, Origin::Cache, "{reference}");
+    }
+    assert_eq!(registry.access_log().lines().count(), requests, "the Secret's holder was checked again");
+
+    // Another namespace, with no Secret or a wrong one: refused.
+    for (who, credentials) in [("no secret", None), ("a wrong secret", Some(&wrong))] {
+        for reference in [&tag, &by_digest] {
+            match oci.pull_as(reference, PullPolicy::IfNotPresent, None, credentials).await {
+                Err(OciError::Unauthorized { .. }) => {}
+                Ok(pulled) => panic!("{who}: {reference} was served ({:?})", pulled.origin),
+                Err(other) => panic!("{who}: {reference}: {other}"),
+            }
+        }
+    }
+
+    // With the registry down, only the Secret's holder gets the cached copy.
+    registry.kill();
+    let stale = oci.pull_as(&tag, PullPolicy::Always, None, Some(&secret)).await.unwrap();
+    assert!(stale.origin == Origin::StaleCache && stale.module == module);
+    for reference in [&tag, &by_digest] {
+        let error = oci.pull_as(reference, PullPolicy::IfNotPresent, None, None).await.unwrap_err();
+        assert!(error.is_transient(), "{reference}: {error}");
+    }
+}
+
+/// Knowing a private module's digest is no key to it: a manifest on a
+/// registry another tenant controls may name the private layer, and the
+/// layer must then come from that registry, not from the shared cache.
+#[tokio::test]
+async fn a_manifest_naming_a_private_layer_does_not_unlock_the_cached_copy() {
+    let private = pulled_with_a_secret().await;
+    let (module, pushed, oci) = (&private.module, &private.pushed, &private.oci);
+    let liar = Liar::start();
+    let config = serde_json::to_vec(&json!({"architecture": "wasm", "os": "wasip2"})).unwrap();
+    let config_digest = liar.blob("copy/filter", config.clone());
+    let manifest = cncf_manifest(&config_digest, config.len(), &pushed.layer_digest, module.len());
+    liar.manifest("copy/filter", "v1", OCI_MANIFEST, &manifest);
+    let copy: Reference = format!("{}/copy/filter:v1", liar.host()).parse().unwrap();
+    match oci.pull_as(&copy, PullPolicy::IfNotPresent, None, None).await {
+        Ok(_) => panic!("a manifest naming the private layer's digest unlocked the cached module"),
+        Err(error) => assert!(matches!(error, OciError::NotFound { .. }), "{error}"),
+    }
+    let layer = format!("/v2/copy/filter/blobs/{}", pushed.layer_digest);
+    assert!(
+        liar.seen().iter().any(|s| s.method == "GET" && s.path == layer),
+        "the layer was not asked of the registry that named it"
+    );
+}
+
+/// The token login most registries use (Bearer, with a token service the
+/// registry names): the credential goes to the token service only, the
+/// token to the registry, and the login is remembered across pulls.
+#[tokio::test]
+async fn a_bearer_token_login_works_and_is_remembered() {
+    let liar = Liar::start();
+    let challenge = format!("Bearer realm=\"http://{}/token\",service=\"liar-registry\"", liar.host());
+    liar.answer("/v2/", Answer::challenge(&challenge));
+    let token = Answer::json("application/json", br#"{"token": "t0ken", "expires_in": 300}"#.to_vec());
+    liar.answer("/token", token);
+    let module = plugin();
+    let config = serde_json::to_vec(&json!({"architecture": "wasm", "os": "wasip2"})).unwrap();
+    let needs = ("Bearer t0ken", challenge.as_str());
+    let (config_digest, layer_digest) = (sha256(&config), sha256(&module));
+    for (digest, bytes) in [(&config_digest, config.clone()), (&layer_digest, module.clone())] {
+        let answer = Answer::blob(bytes).needing(needs.0, needs.1);
+        liar.answer(&format!("/v2/private/plugin/blobs/{digest}"), answer);
+    }
+    let manifest = cncf_manifest(&config_digest, config.len(), &layer_digest, module.len());
+    liar.manifest_needing("private/plugin", "v1", OCI_MANIFEST, &manifest, Some(needs));
+
+    let scratch = TempDir::new().unwrap();
+    let docker = scratch.path().join("docker.json");
+    std::fs::write(&docker, json!({"auths": {liar.host(): {"username": "u", "password": "pw"}}}).to_string()).unwrap();
+    let mut options = options(&scratch.path().join("cache"));
+    options.credentials.credentials_file = Some(docker);
+    let oci = sluice_oci::Registry::new(options).unwrap();
+    let reference: Reference = format!("{}/private/plugin:v1", liar.host()).parse().unwrap();
+    for _ in 0..2 {
+        let pulled = oci.pull(&reference, PullPolicy::Always, None).await.unwrap();
+        assert!(pulled.module == module);
+    }
+    let seen = liar.seen();
+    let logins: Vec<&Seen> = seen.iter().filter(|s| s.path.starts_with("/token")).collect();
+    assert_eq!(logins.len(), 1, "one login for both pulls: {logins:?}");
+    assert!(logins[0].path.contains("scope=repository%3Aprivate%2Fplugin%3Apull"), "{}", logins[0].path);
+    assert!(logins[0].path.contains("service=liar-registry"), "{}", logins[0].path);
+    let basic = format!("Basic {}", base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "u:pw"));
+    assert_eq!(logins[0].headers.get("authorization"), Some(&basic), "the token service gets the credential");
+    for request in seen.iter().filter(|s| s.path.starts_with("/v2/private/")) {
+        let authorization = request.headers.get("authorization").map(String::as_str);
+        assert!(matches!(authorization, None | Some("Bearer t0ken")), "{request:?}");
+    }
+}
+
+/// Far more than any body limit below.
+const HUGE: u64 = 64 << 20;
+/// Below HUGE, above any limit plus what loopback socket buffers hold: a
+/// client that stops reading at its limit leaves the liar short of this.
+const STOPPED_EARLY: u64 = 32 << 20;
+
+/// Manifests and indexes are capped at 4 MiB (the limit of distribution's
+/// own manifest PUT), checked on Content-Length and again while streaming.
+#[tokio::test]
+async fn a_huge_manifest_or_index_is_refused_at_the_manifest_limit() {
+    let liar = Liar::start();
+    let scratch = TempDir::new().unwrap();
+    let cache = scratch.path().join("cache");
+    liar.answer("/v2/bomb/declared/manifests/v1", Answer::huge(200, OCI_MANIFEST, HUGE, false));
+    liar.answer("/v2/bomb/streamed/manifests/v1", Answer::huge(200, OCI_MANIFEST, HUGE, true));
+    // An index whose Wasm entry is the bomb.
+    let entry = format!("sha256:{}", "e".repeat(64));
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [{"mediaType": OCI_MANIFEST, "digest": entry, "size": 1000,
+                       "platform": {"os": "wasip2", "architecture": "wasm"}}],
+    });
+    liar.manifest("bomb/index", "v1", OCI_INDEX, &index);
+    let entry_path = format!("/v2/bomb/index/manifests/{entry}");
+    liar.answer(&entry_path, Answer::huge(200, OCI_MANIFEST, HUGE, true));
+
+    let oci = sluice_oci::Registry::new(options(&cache)).unwrap();
+    for repository in ["bomb/declared", "bomb/streamed", "bomb/index"] {
+        let reference: Reference = format!("{}/{repository}:v1", liar.host()).parse().unwrap();
+        let error = oci.pull(&reference, PullPolicy::Always, None).await.unwrap_err();
+        assert!(error.to_string().contains("over the limit of 4194304 bytes"), "{repository}: {error}");
+    }
+    for path in ["/v2/bomb/declared/manifests/v1", "/v2/bomb/streamed/manifests/v1", entry_path.as_str()] {
+        let sent = liar.sent(path);
+        assert!(sent < STOPPED_EARLY, "{path}: the client read on to {sent} bytes");
+    }
+    // The binary says the same.
+    let output = sluice(scratch.path(), &cache, &["pull", &format!("{}/bomb/streamed:v1", liar.host())]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("over the limit of 4194304 bytes"), "{}", text(&output.stderr));
+}
+
+/// A token response is capped at 1 MiB: the registry picks the token realm.
+#[tokio::test]
+async fn a_huge_token_response_is_refused_at_the_token_limit() {
+    let liar = Liar::start();
+    let realm = format!("http://{}/token", liar.host());
+    let challenge = Answer::challenge(&format!("Bearer realm=\"{realm}\",service=\"liar\""));
+    liar.answer("/v2/", challenge.clone());
+    liar.answer("/v2/bomb/token/manifests/v1", challenge);
+    liar.answer("/token", Answer::huge(200, "application/json", HUGE, true));
+    let scratch = TempDir::new().unwrap();
+    let oci = sluice_oci::Registry::new(options(&scratch.path().join("cache"))).unwrap();
+    let token: Reference = format!("{}/bomb/token:v1", liar.host()).parse().unwrap();
+    let error = oci.pull(&token, PullPolicy::Always, None).await.unwrap_err();
+    assert!(error.to_string().contains("over the limit of 1048576 bytes"), "{error}");
+    let sent = liar.sent("/token");
+    assert!(sent < STOPPED_EARLY, "the token response was read on to {sent} bytes");
+}
+
+/// An error status does not make a body small: only its start is read.
+#[tokio::test]
+async fn a_huge_error_body_is_not_read_to_its_end() {
+    let liar = Liar::start();
+    liar.answer("/v2/bomb/error/manifests/v1", Answer::huge(404, "application/json", HUGE, true));
+    let scratch = TempDir::new().unwrap();
+    let oci = sluice_oci::Registry::new(options(&scratch.path().join("cache"))).unwrap();
+    let missing: Reference = format!("{}/bomb/error:v1", liar.host()).parse().unwrap();
+    let error = oci.pull(&missing, PullPolicy::Always, None).await.unwrap_err();
+    assert!(matches!(error, OciError::NotFound { .. }), "{error}");
+    let sent = liar.sent("/v2/bomb/error/manifests/v1");
+    assert!(sent < STOPPED_EARLY, "the error body was read on to {sent} bytes");
 }

@@ -4,8 +4,17 @@
 //! <root>/blobs/sha256/<hex>             module bytes, named by their sha256
 //! <root>/manifests/sha256/<hex>.json    manifest digest -> module digest, layer, format
 //! <root>/refs/<sha256 of reference>.json  tag reference -> manifest digest (last seen)
+//! <root>/access/sha256/<hex>.json       who fetched a module, from which repository
 //! <root>/tmp/                           staging for atomic writes
 //! ```
+//!
+//! One cache serves every caller, but not every caller may read every
+//! module: a module pulled with one namespace's pull Secret is not another
+//! namespace's. So each module lists its [`Grant`]s, the repositories it was
+//! fetched from and who fetched it, and the puller serves a cached module
+//! only to a caller a grant covers (see `registry/pull.rs`), as kubelet
+//! serves an `IfNotPresent` image only to pods whose pull Secret fetched it
+//! or that prove access again (KEP-2535).
 //!
 //! Every file is written to tmp/, fsynced, then renamed into place, so a
 //! crash leaves either the old file or the new one, never half of one; and
@@ -38,6 +47,19 @@ pub(crate) struct ManifestRecord {
     pub format: Format,
 }
 
+/// A caller seen to fetch a module: the repository it came from
+/// (`registry/repository`) and who asked (`anonymous`, or a hash of the
+/// credential).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Grant {
+    pub scope: String,
+    pub identity: String,
+}
+
+/// Grants kept per module, newest last: a rotated password adds one each
+/// time, and an old one costs only a new proof of access when it falls off.
+const MAX_GRANTS: usize = 64;
+
 #[derive(Serialize, Deserialize)]
 struct RefRecord {
     reference: String,
@@ -46,7 +68,7 @@ struct RefRecord {
 
 impl Cache {
     pub(crate) fn open(root: &Path) -> Result<Cache, OciError> {
-        for dir in ["blobs/sha256", "manifests/sha256", "refs", "tmp"] {
+        for dir in ["blobs/sha256", "manifests/sha256", "refs", "access/sha256", "tmp"] {
             let path = root.join(dir);
             std::fs::create_dir_all(&path).map_err(|source| OciError::Cache { path, source })?;
         }
@@ -63,6 +85,11 @@ impl Cache {
     fn manifest_path(&self, digest: &str) -> Option<PathBuf> {
         check_sha256(digest).ok()?;
         Some(self.root.join("manifests/sha256").join(format!("{}.json", hex_of(digest))))
+    }
+
+    fn access_path(&self, digest: &str) -> Option<PathBuf> {
+        check_sha256(digest).ok()?;
+        Some(self.root.join("access/sha256").join(format!("{}.json", hex_of(digest))))
     }
 
     fn invalid(&self, digest: &str) -> OciError {
@@ -136,6 +163,31 @@ impl Cache {
         self.write_atomically(&self.ref_path(reference), &json)
     }
 
+    /// Who has fetched the module `digest`, and from where; none if the
+    /// record is missing or unreadable (the module must then be fetched).
+    pub(crate) fn grants(&self, digest: &str) -> Vec<Grant> {
+        let Some(text) = self.access_path(digest).and_then(|path| std::fs::read(path).ok()) else {
+            return Vec::new();
+        };
+        serde_json::from_slice(&text).unwrap_or_default()
+    }
+
+    /// Records that `grant`'s caller fetched the module `digest`. Two
+    /// callers recording at once may lose one grant: that caller then proves
+    /// access once more.
+    pub(crate) fn grant(&self, digest: &str, grant: Grant) -> Result<(), OciError> {
+        let path = self.access_path(digest).ok_or_else(|| self.invalid(digest))?;
+        let mut grants = self.grants(digest);
+        if grants.contains(&grant) {
+            return Ok(());
+        }
+        grants.push(grant);
+        let excess = grants.len().saturating_sub(MAX_GRANTS);
+        grants.drain(..excess);
+        let json = serde_json::to_vec_pretty(&grants).expect("grants serialize");
+        self.write_atomically(&path, &json)
+    }
+
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
         let error = |source| OciError::Cache { path: path.to_path_buf(), source };
         let mut staged = tempfile::NamedTempFile::new_in(self.root.join("tmp")).map_err(error)?;
@@ -206,6 +258,28 @@ mod tests {
             assert!(cache.manifest(&key).is_none(), "a record naming {digest} was served");
             assert_eq!(std::fs::read(&outside).unwrap(), b"keep me", "{digest}");
         }
+    }
+
+    #[test]
+    fn grants_accumulate_without_duplicates_and_keep_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let module = sha256_digest(b"module");
+        let grant = |i: usize| Grant { scope: "r/p".into(), identity: format!("id-{i}") };
+        assert!(cache.grants(&module).is_empty());
+        cache.grant(&module, grant(0)).unwrap();
+        cache.grant(&module, grant(0)).unwrap();
+        assert_eq!(cache.grants(&module), [grant(0)]);
+        for i in 1..=MAX_GRANTS {
+            cache.grant(&module, grant(i)).unwrap();
+        }
+        let grants = cache.grants(&module);
+        assert_eq!(grants.len(), MAX_GRANTS);
+        assert_eq!((grants.first(), grants.last()), (Some(&grant(1)), Some(&grant(MAX_GRANTS))));
+        // A damaged record grants nothing.
+        std::fs::write(cache.access_path(&module).unwrap(), b"{not json").unwrap();
+        assert!(cache.grants(&module).is_empty());
+        assert!(cache.grant("sha256:../../x", grant(0)).is_err());
     }
 
     #[test]

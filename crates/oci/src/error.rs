@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
+use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope, OciErrorCode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
@@ -30,6 +30,11 @@ pub enum OciError {
 
     #[error("module is {size} bytes, over the limit of {max} bytes")]
     TooLarge { size: u64, max: u64 },
+
+    /// A manifest, token or unpacked layer larger than this client reads;
+    /// it was not read further than its limit.
+    #[error("{what} is over the limit of {max} bytes")]
+    OverLimit { what: String, max: u64 },
 
     #[error("not a WebAssembly component: {0}")]
     NotAComponent(String),
@@ -107,6 +112,24 @@ impl OciError {
         }
     }
 
+    /// Classifies a registry's answer with an error status: by the error
+    /// codes of its body when that is the distribution's error envelope and
+    /// the status is not one worth retrying, by the status otherwise.
+    pub(crate) fn from_status(status: u16, body: &[u8], url: &str, registry: &str, what: &str) -> OciError {
+        let url = url.to_string();
+        let error = match serde_json::from_slice::<OciEnvelope>(body) {
+            Ok(envelope) if !envelope.errors.is_empty() && !matches!(status, 408 | 429 | 500..=599) => {
+                OciDistributionError::RegistryError { envelope, url }
+            }
+            _ => {
+                // Enough of the body to say what went wrong, not all of it.
+                let message: String = String::from_utf8_lossy(body).chars().take(300).collect();
+                OciDistributionError::ServerError { code: status, url, message }
+            }
+        };
+        OciError::from_client(error, registry, what)
+    }
+
     /// Classifies an error from a blob stream: a digest failure reported at
     /// its end, or a connection that broke part way.
     pub(crate) fn from_stream(error: std::io::Error, registry: &str, what: &str) -> OciError {
@@ -177,6 +200,21 @@ mod tests {
         assert!(matches!(OciError::from_client(envelope("NAME_UNKNOWN"), "r", "x"), OciError::NotFound { .. }));
         assert!(matches!(OciError::from_client(envelope("DENIED"), "r", "x"), OciError::Unauthorized { .. }));
         assert!(matches!(OciError::from_client(envelope("MANIFEST_INVALID"), "r", "x"), OciError::Protocol { .. }));
+    }
+
+    #[test]
+    fn error_answers_are_classified_by_envelope_then_status() {
+        let envelope = |code: &str| format!(r#"{{"errors":[{{"code":"{code}","message":"m"}}]}}"#).into_bytes();
+        let classify = |status, body: &[u8]| OciError::from_status(status, body, "http://r/v2/x", "r", "x");
+        assert!(matches!(classify(404, &envelope("MANIFEST_UNKNOWN")), OciError::NotFound { .. }));
+        assert!(matches!(classify(401, &envelope("UNAUTHORIZED")), OciError::Unauthorized { .. }));
+        assert!(matches!(classify(401, b"<html>login</html>"), OciError::Unauthorized { .. }));
+        assert!(matches!(classify(404, b""), OciError::NotFound { .. }));
+        // A retryable status stays retryable whatever the body says.
+        assert!(classify(503, &envelope("UNKNOWN")).is_transient());
+        assert!(classify(429, &envelope("TOOMANYREQUESTS")).is_transient());
+        let long = classify(400, &[b'x'; 10_000]).to_string();
+        assert!(long.len() < 1000, "{long}");
     }
 
     #[test]

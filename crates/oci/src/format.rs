@@ -1,13 +1,23 @@
 //! Which artifact layouts hold a plugin, and how to get the module out.
 
+use std::cell::Cell;
 use std::fmt;
-use std::io::Read;
+use std::io::{self, Read};
 
 use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageIndex, OciImageManifest};
 use serde::{Deserialize, Serialize};
 
 use crate::error::OciError;
 use crate::media_types as mt;
+
+/// Room for tar headers and the files next to `plugin.wasm`, beyond the
+/// module limit: what an image layer may hold, compressed or unpacked.
+pub(crate) const TAR_OVERHEAD_BYTES: u64 = 1024 * 1024;
+
+/// The largest PAX header or GNU long name or link read from an image
+/// layer: Go's archive/tar (`maxSpecialFileSize`), which docker and
+/// containerd unpack layers with, reads no more.
+pub(crate) const MAX_TAR_METADATA_BYTES: u64 = 1024 * 1024;
 
 /// The layout a module was found in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,26 +99,82 @@ pub(crate) fn choose_index_entry(index: &OciImageIndex) -> Result<&ImageIndexEnt
 }
 
 /// Takes `plugin.wasm` out of an image layer (tar, gzip-compressed or not),
-/// reading at most `max` bytes of it.
+/// reading at most `max` bytes of it, and at most `max` plus
+/// [`TAR_OVERHEAD_BYTES`] of unpacked tar in all (a gzip bomb stops there).
+///
+/// The tar is read entry by entry as stored (`raw`): the `tar` crate would
+/// otherwise read a PAX header or GNU long name of any size into memory, so
+/// those are read here, each refused over [`MAX_TAR_METADATA_BYTES`].
 pub(crate) fn extract_plugin_wasm(layer: &[u8], max: u64, media_types: &[String]) -> Result<Vec<u8>, OciError> {
     let unsupported = |reason: String| OciError::UnsupportedFormat { media_types: media_types.to_vec(), reason };
     // Sniff rather than trust the media type: both lie in the wild.
     let reader: Box<dyn Read + '_> =
         if layer.starts_with(&[0x1f, 0x8b]) { Box::new(flate2::read::GzDecoder::new(layer)) } else { Box::new(layer) };
-    let mut archive = tar::Archive::new(reader);
-    let entries = archive.entries().map_err(|e| unsupported(format!("image layer is not a tar archive: {e}")))?;
-    let mut seen = Vec::new();
+    let limit = max + TAR_OVERHEAD_BYTES;
+    let over = Cell::new(false);
+    let mut archive = tar::Archive::new(Capped { inner: reader, left: limit, over: &over });
+    // Once the cap is hit, every error the tar reader reports is that.
+    let failed = |error: io::Error, context: &str| {
+        if over.get() {
+            OciError::OverLimit { what: "the decompressed image layer".into(), max: limit }
+        } else {
+            unsupported(format!("{context}: {error}"))
+        }
+    };
+    let entries = archive.entries().map_err(|e| failed(e, "image layer is not a tar archive"))?.raw(true);
+    // A GNU long name or a PAX `path` names the entry that follows it; a
+    // PAX `size` sizes it, which a raw read cannot follow (only files over
+    // 8 GiB need one), so one that disagrees with the header is refused.
+    let mut next_name: Option<Vec<u8>> = None;
+    let mut next_size: Option<Vec<u8>> = None;
+    let mut seen: Vec<String> = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| unsupported(format!("image layer is not a readable tar archive: {e}")))?;
-        let path = entry.path().map_err(|e| unsupported(format!("tar entry path: {e}")))?.into_owned();
-        let name = path.to_string_lossy().trim_start_matches("./").trim_start_matches('/').to_string();
-        if name != "plugin.wasm" || !entry.header().entry_type().is_file() {
-            if seen.len() < 10 {
-                seen.push(name);
+        let mut entry = entry.map_err(|e| failed(e, "image layer is not a readable tar archive"))?;
+        let kind = entry.header().entry_type();
+        let size = entry.header().size().map_err(|e| failed(e, "tar entry size"))?;
+        let long_name = kind.is_gnu_longname() || kind.is_gnu_longlink();
+        if long_name || kind.is_pax_local_extensions() || kind.is_pax_global_extensions() {
+            let what = if long_name { "a GNU long name" } else { "a PAX header" };
+            if size > MAX_TAR_METADATA_BYTES {
+                return Err(OciError::OverLimit {
+                    what: format!("{what} in the image layer ({size} bytes)"),
+                    max: MAX_TAR_METADATA_BYTES,
+                });
+            }
+            let mut data = Vec::with_capacity(size as usize);
+            entry.read_to_end(&mut data).map_err(|e| failed(e, "reading the image layer"))?;
+            if kind.is_gnu_longname() {
+                let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+                data.truncate(end);
+                next_name = Some(data);
+            } else if kind.is_pax_local_extensions() {
+                for record in tar::PaxExtensions::new(&data) {
+                    let record = record.map_err(|e| failed(e, "a PAX header"))?;
+                    match record.key_bytes() {
+                        b"path" => next_name = Some(record.value_bytes().to_vec()),
+                        b"size" => next_size = Some(record.value_bytes().to_vec()),
+                        _ => {}
+                    }
+                }
             }
             continue;
         }
-        let size = entry.header().size().unwrap_or(0);
+        if let Some(pax_size) = next_size.take()
+            && pax_size != size.to_string().as_bytes()
+        {
+            return Err(unsupported(format!(
+                "a PAX size record ({}) disagrees with its tar header ({size})",
+                String::from_utf8_lossy(&pax_size).chars().take(30).collect::<String>()
+            )));
+        }
+        let name_bytes = next_name.take().unwrap_or_else(|| entry.header().path_bytes().into_owned());
+        let name = String::from_utf8_lossy(&name_bytes).trim_start_matches("./").trim_start_matches('/').to_string();
+        if name != "plugin.wasm" || !kind.is_file() {
+            if seen.len() < 10 {
+                seen.push(name.chars().take(200).collect());
+            }
+            continue;
+        }
         if size > max {
             return Err(OciError::TooLarge { size, max });
         }
@@ -116,7 +182,7 @@ pub(crate) fn extract_plugin_wasm(layer: &[u8], max: u64, media_types: &[String]
         entry
             .take(max + 1)
             .read_to_end(&mut module)
-            .map_err(|e| unsupported(format!("reading plugin.wasm from the image layer: {e}")))?;
+            .map_err(|e| failed(e, "reading plugin.wasm from the image layer"))?;
         if module.len() as u64 > max {
             return Err(OciError::TooLarge { size: module.len() as u64, max });
         }
@@ -126,6 +192,26 @@ pub(crate) fn extract_plugin_wasm(layer: &[u8], max: u64, media_types: &[String]
         "the image layer has no plugin.wasm at its root (entries: {})",
         if seen.is_empty() { "none".to_string() } else { seen.join(", ") }
     )))
+}
+
+/// A reader that fails, and says so in `over`, once more than `left` bytes
+/// have come through.
+struct Capped<'a, R> {
+    inner: R,
+    left: u64,
+    over: &'a Cell<bool>,
+}
+
+impl<R: Read> Read for Capped<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.over.set(true);
+            return Err(io::Error::other("over the unpacked size limit"));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// The CNCF Wasm artifact config (`application/vnd.wasm.config.v0+json`).
@@ -288,6 +374,85 @@ mod tests {
             Err(OciError::TooLarge { size, max }) => assert_eq!((size, max), (2048, 1000)),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A tar of raw entries: (entry type, name, data), headers as given.
+    fn raw_tar(entries: &[(tar::EntryType, &str, &[u8])], gzip: bool) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (kind, name, data) in entries {
+            let mut header = tar::Header::new_ustar();
+            header.set_entry_type(*kind);
+            header.set_path(name).unwrap();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append(&header, *data).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        if !gzip {
+            return tar;
+        }
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, &tar).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn over_limit(result: Result<Vec<u8>, OciError>) -> (String, u64) {
+        match result {
+            Err(OciError::OverLimit { what, max }) => (what, max),
+            other => panic!("expected OverLimit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unpacking_stops_at_the_module_limit_plus_the_tar_overhead() {
+        let padding = vec![0u8; (TAR_OVERHEAD_BYTES + 4096) as usize];
+        let module = b"\0asm-module".as_slice();
+        let bomb = tar_with(&[("padding", &padding), ("plugin.wasm", module)], true);
+        assert!(bomb.len() < 64 * 1024, "the bomb is small: {}", bomb.len());
+        let (what, max) = over_limit(extract_plugin_wasm(&bomb, 1024, &[]));
+        assert_eq!((what.as_str(), max), ("the decompressed image layer", 1024 + TAR_OVERHEAD_BYTES));
+        // The same padding under a larger module limit is fine.
+        assert_eq!(extract_plugin_wasm(&bomb, 8192, &[]).unwrap(), module);
+    }
+
+    #[test]
+    fn pax_headers_and_long_names_are_capped_and_honoured() {
+        use tar::EntryType;
+        let module = b"\0asm-module".as_slice();
+        let huge = vec![b'a'; MAX_TAR_METADATA_BYTES as usize + 1];
+        for (kind, what) in [
+            (EntryType::XHeader, "a PAX header"),
+            (EntryType::XGlobalHeader, "a PAX header"),
+            (EntryType::GNULongName, "a GNU long name"),
+            (EntryType::GNULongLink, "a GNU long name"),
+        ] {
+            for gzip in [false, true] {
+                let layer = raw_tar(&[(kind, "meta", &huge), (EntryType::Regular, "plugin.wasm", module)], gzip);
+                let (found, max) = over_limit(extract_plugin_wasm(&layer, 4 << 20, &[]));
+                assert!(found.starts_with(what), "{kind:?}: {found}");
+                assert_eq!(max, MAX_TAR_METADATA_BYTES);
+            }
+        }
+        // Within the limit, a long name or a PAX path names the next entry.
+        let named = |kind, data: &[u8]| raw_tar(&[(kind, "meta", data), (EntryType::Regular, "other", module)], true);
+        assert_eq!(extract_plugin_wasm(&named(EntryType::GNULongName, b"plugin.wasm\0"), 1024, &[]).unwrap(), module);
+        assert_eq!(
+            extract_plugin_wasm(&named(EntryType::XHeader, b"20 path=plugin.wasm\n"), 1024, &[]).unwrap(),
+            module
+        );
+        let renamed = named(EntryType::XHeader, b"18 path=other.bin\n");
+        let layer = raw_tar(
+            &[(EntryType::XHeader, "meta", b"18 path=other.bin\n"), (EntryType::Regular, "plugin.wasm", module)],
+            false,
+        );
+        assert!(extract_plugin_wasm(&layer, 1024, &[]).unwrap_err().to_string().contains("other.bin"));
+        assert!(extract_plugin_wasm(&renamed, 1024, &[]).is_err());
+        // A PAX size that disagrees with the header would be read differently
+        // by another tar reader: refused.
+        let sized = named(EntryType::XHeader, b"12 size=999\n20 path=plugin.wasm\n");
+        let error = extract_plugin_wasm(&sized, 1024, &[]).unwrap_err().to_string();
+        assert!(error.contains("PAX size record"), "{error}");
     }
 
     #[test]

@@ -8,7 +8,13 @@
 //! registry down still serves the last known module. [`Registry::push`]
 //! writes the CNCF layout, and [`Registry::inspect`] describes an artifact.
 //!
-//! The wire protocol is `oci-client`'s; this crate adds the policy around it.
+//! Pushes speak the distribution protocol through `oci-client`; pulls,
+//! which read what any registry a plugin names sends, go through this
+//! crate's own small client, which reads every body with a limit (manifests
+//! 4 MiB, tokens 1 MiB, error bodies 64 KiB, layers the module limit) and
+//! unpacks image layers with one too. Credentials are offered only to the
+//! registries they are bound to, and the shared cache serves a module only
+//! to callers that fetched it or prove access to it again.
 //!
 //! A pin (`expected_sha256`, a plugin's `sha256`) is the sha256 of the Wasm
 //! module itself in every layout: for the CNCF and Istio layouts that is the

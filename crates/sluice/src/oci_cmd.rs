@@ -22,11 +22,17 @@ pub struct RegistryArgs {
     /// $DOCKER_CONFIG/config.json or ~/.docker/config.json].
     #[arg(long, value_name = "PATH")]
     docker_config: Option<PathBuf>,
-    /// Credentials that win over the docker config: a `username:password`
-    /// file, a directory with `username` and `password` files, or a docker
-    /// config JSON.
+    /// Credentials that win over the docker config: a docker config JSON, a
+    /// `username:password` file, or a directory with `username` and
+    /// `password` files. The last two name no registry: they are offered
+    /// only to the registries named with --credentials-registry.
     #[arg(long, value_name = "PATH")]
     credentials_file: Option<PathBuf>,
+    /// A registry (HOST or HOST:PORT) the --credentials-file is for; needed
+    /// unless that file is a docker config JSON, which names its own.
+    /// Repeatable.
+    #[arg(long = "credentials-registry", value_name = "HOST", requires = "credentials_file")]
+    credentials_registries: Vec<String>,
     /// Where pulled modules are cached [default: $XDG_CACHE_HOME/sluice/oci].
     #[arg(long, env = "SLUICE_OCI_CACHE_DIR", value_name = "DIR")]
     oci_cache_dir: Option<PathBuf>,
@@ -46,8 +52,11 @@ impl RegistryArgs {
         options.insecure_registries = self.insecure_registries.clone();
         options.ca_bundles = self.ca_bundles.clone();
         options.max_module_bytes = self.max_module_bytes;
-        options.credentials =
-            Credentials { docker_config: self.docker_config.clone(), credentials_file: self.credentials_file.clone() };
+        options.credentials = Credentials {
+            docker_config: self.docker_config.clone(),
+            credentials_file: self.credentials_file.clone(),
+            registries: self.credentials_registries.clone(),
+        };
         Ok(Registry::new(options)?)
     }
 }

@@ -31,6 +31,7 @@ pub(super) struct Inner {
 
 impl Registry {
     pub fn new(options: RegistryOptions) -> Result<Registry, OciError> {
+        options.credentials.check()?;
         let transport = Transport::new(&options.ca_bundles, options.insecure_registries.clone())?;
         let cache = Cache::open(&options.cache_dir)?;
         Ok(Registry { inner: Arc::new(Inner { options, transport, cache, locks: Mutex::new(HashMap::new()) }) })
@@ -40,22 +41,24 @@ impl Registry {
         &self.inner.options
     }
 
-    /// The client for this reference's registry, with its current credentials.
+    /// The push client for this reference's registry, with the configured
+    /// credentials as they are now.
     pub(super) async fn client(&self, reference: &Reference) -> Result<(oci_client::Client, RegistryAuth), OciError> {
-        self.client_as(reference, None).await
+        let auth = self.inner.options.credentials.for_registry(reference.registry())?;
+        self.inner.transport.client(reference, auth).await
     }
 
-    pub(super) async fn client_as(
+    /// What a pull of `reference` presents: its own credentials if it has
+    /// any, the configured ones otherwise.
+    pub(super) fn auth(
         &self,
         reference: &Reference,
         credentials: Option<&PullCredentials>,
-    ) -> Result<(oci_client::Client, RegistryAuth), OciError> {
-        let registry = reference.registry();
-        let auth = match credentials {
-            Some(credentials) => credentials.for_registry(registry)?,
-            None => self.inner.options.credentials.for_registry(registry)?,
-        };
-        self.inner.transport.client(reference, auth).await
+    ) -> Result<RegistryAuth, OciError> {
+        match credentials {
+            Some(credentials) => credentials.for_registry(reference.registry()),
+            None => self.inner.options.credentials.for_registry(reference.registry()),
+        }
     }
 
     pub(super) async fn lock(&self, key: String) -> tokio::sync::OwnedMutexGuard<()> {

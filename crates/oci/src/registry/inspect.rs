@@ -1,11 +1,10 @@
 //! Describing an artifact for `sluice inspect`.
 
 use oci_client::manifest::OciImageManifest;
-use oci_client::secrets::RegistryAuth;
 
 use super::client::Registry;
 use super::resolve::resolve_manifest;
-use super::transport::{blocking, download, manifest_raw, retrying};
+use super::transport::{Session, blocking, retrying};
 use super::types::{Descriptor, Inspection, PullPolicy};
 use crate::component::inspect_component;
 use crate::error::OciError;
@@ -19,10 +18,10 @@ impl Registry {
     /// Describes an artifact: its manifest, config, layers, and the
     /// component inside (which is pulled, through the cache, to read it).
     pub async fn inspect(&self, reference: &Reference) -> Result<Inspection, OciError> {
-        let (client, auth) = self.client(reference).await?;
-        let (client, auth) = (&client, &auth);
+        let session = self.inner.transport.session(reference, self.auth(reference, None)?);
+        let session = &session;
         let (top_media_type, top_digest, manifest, image_digest, config_json) =
-            retrying(reference, move || describe(client, auth, reference)).await?;
+            retrying(reference, move || describe(session, reference)).await?;
         let (format, _) = format::detect(&manifest)?;
         let pulled = self.pull(&reference.with_digest(&top_digest), PullPolicy::IfNotPresent, None).await?;
         let module = pulled.module.clone();
@@ -47,17 +46,16 @@ impl Registry {
 
 /// The manifests and config behind a reference.
 async fn describe(
-    client: &oci_client::Client,
-    auth: &RegistryAuth,
+    session: &Session<'_>,
     reference: &Reference,
 ) -> Result<(Option<String>, String, OciImageManifest, String, Option<serde_json::Value>), OciError> {
-    let (top_bytes, top_digest) = manifest_raw(client, auth, reference).await?;
+    let (top_bytes, top_digest) = session.manifest(reference).await?;
     let top_media_type = serde_json::from_slice::<serde_json::Value>(&top_bytes)
         .ok()
         .and_then(|v| v.get("mediaType").and_then(|m| m.as_str()).map(String::from));
-    let (manifest, image_digest) = resolve_manifest(client, auth, reference, &top_bytes, &top_digest).await?;
+    let (manifest, image_digest) = resolve_manifest(session, reference, &top_bytes, &top_digest).await?;
     let config_json = if manifest.config.size as u64 <= MAX_CONFIG_BYTES {
-        let bytes = download(client, reference, &manifest.config, MAX_CONFIG_BYTES).await?;
+        let bytes = session.blob(&manifest.config, MAX_CONFIG_BYTES).await?;
         serde_json::from_slice(&bytes).ok()
     } else {
         None

@@ -1,22 +1,52 @@
 //! Pulling: the cache first when the policy allows, the registry otherwise,
 //! the last known module when the registry is unreachable.
+//!
+//! The cache is shared by every caller, so a cached module is served only
+//! to a caller that may have it ([`Access`]): one that fetched it before
+//! with the same credential from the same repository, or anyone if it was
+//! fetched anonymously. Anyone else proves access to the registry again, as
+//! kubelet re-checks an `IfNotPresent` image for a pod whose pull Secret did
+//! not fetch it (KEP-2535): a manifest the repository serves them, or the
+//! module's bytes downloaded from where their manifest names them.
 
 use bytes::Bytes;
 
 use super::client::Registry;
 use super::resolve::resolve_manifest;
-use super::transport::{blocking, download, manifest_raw, retrying};
+use super::transport::{blocking, retrying};
 use super::types::{Origin, PullPolicy, Pulled};
-use crate::auth::PullCredentials;
-use crate::cache::ManifestRecord;
+use crate::auth::{ANONYMOUS, PullCredentials, identity};
+use crate::cache::{Grant, ManifestRecord};
 use crate::component::inspect_component;
 use crate::digest::sha256_digest;
 use crate::error::OciError;
-use crate::format::{self, Format};
+use crate::format::{self, Format, TAR_OVERHEAD_BYTES};
 use crate::reference::{Reference, normalize_pin};
 
-/// Room for tar headers and neighbouring files around `plugin.wasm`.
-const TAR_OVERHEAD_BYTES: u64 = 1024 * 1024;
+/// What the cache may serve a caller of a module, by the module's grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Access {
+    /// Fetched only from other repositories, or not recorded: the caller
+    /// downloads it from the repository its manifest is in.
+    Unproven,
+    /// Fetched from this repository by another caller: the repository
+    /// decides, and its serving this caller the manifest just now is that
+    /// decision.
+    SameRepository,
+    /// Fetched anonymously (it is public), or by this caller from this
+    /// repository: served without asking anyone.
+    Granted,
+}
+
+fn access(grants: &[Grant], caller: &Grant) -> Access {
+    if grants.iter().any(|grant| grant.identity == ANONYMOUS || grant == caller) {
+        Access::Granted
+    } else if grants.iter().any(|grant| grant.scope == caller.scope) {
+        Access::SameRepository
+    } else {
+        Access::Unproven
+    }
+}
 
 impl Registry {
     /// Fetches a verified component. `expected_sha256` pins the module
@@ -26,8 +56,10 @@ impl Registry {
     ///
     /// Cheap when cached: a digest reference, or a tag under
     /// [`PullPolicy::IfNotPresent`] that was resolved before, reads the disk
-    /// cache only. When the registry is unreachable, the last module the
-    /// reference resolved to is served from the cache ([`Origin::StaleCache`]).
+    /// cache only, for a caller that fetched it before with the same
+    /// credentials (or when it was fetched anonymously). When the registry is
+    /// unreachable, the last module the reference resolved to is served from
+    /// the cache ([`Origin::StaleCache`]) to such a caller.
     pub async fn pull(
         &self,
         reference: &Reference,
@@ -47,6 +79,11 @@ impl Registry {
         credentials: Option<&PullCredentials>,
     ) -> Result<Pulled, OciError> {
         let pin = expected_sha256.map(normalize_pin).transpose()?;
+        let auth = self.auth(reference, credentials)?;
+        let caller = Grant {
+            scope: format!("{}/{}", reference.registry(), reference.repository()),
+            identity: identity(reference.registry(), &auth),
+        };
         let _same_reference = self.lock(format!("reference {reference}")).await;
         let known = match reference.digest() {
             Some(digest) => Some(digest.to_string()),
@@ -54,15 +91,17 @@ impl Registry {
         };
         if (policy == PullPolicy::IfNotPresent || reference.digest().is_some())
             && let Some(manifest_digest) = &known
-            && let Some(pulled) = self.cached(manifest_digest, Origin::Cache).await
+            && let Some(pulled) = self.cached(manifest_digest, Origin::Cache, &caller, Access::Granted).await
         {
             return check_pin(pulled, pin.as_deref());
         }
-        match retrying(reference, move || self.fetch(reference, credentials)).await {
+        let (auth, caller) = (&auth, &caller);
+        match retrying(reference, move || self.fetch(reference, auth, caller)).await {
             Ok(pulled) => check_pin(pulled, pin.as_deref()),
             Err(error) if error.is_transient() => {
                 let Some(manifest_digest) = &known else { return Err(error) };
-                let Some(pulled) = self.cached(manifest_digest, Origin::StaleCache).await else {
+                let Some(pulled) = self.cached(manifest_digest, Origin::StaleCache, caller, Access::Granted).await
+                else {
                     return Err(error);
                 };
                 tracing::warn!(%reference, %error, manifest = %manifest_digest, "registry unreachable; serving the cached module");
@@ -72,19 +111,30 @@ impl Registry {
         }
     }
 
-    /// Resolves the reference with the registry and fetches what is not cached.
-    async fn fetch(&self, reference: &Reference, credentials: Option<&PullCredentials>) -> Result<Pulled, OciError> {
-        let (client, auth) = self.client_as(reference, credentials).await?;
-        let (top_bytes, top_digest) = manifest_raw(&client, &auth, reference).await?;
+    /// Resolves the reference with the registry and fetches what is not
+    /// cached, or not cached for this caller.
+    async fn fetch(
+        &self,
+        reference: &Reference,
+        auth: &oci_client::secrets::RegistryAuth,
+        caller: &Grant,
+    ) -> Result<Pulled, OciError> {
+        let session = self.inner.transport.session(reference, auth.clone());
+        let (top_bytes, top_digest) = session.manifest(reference).await?;
         let cache = &self.inner.cache;
         let tag = reference.digest().is_none().then(|| reference.clone());
         // A tag that still points where it did: nothing to download.
-        if let Some(pulled) = self.cached(&top_digest, Origin::Registry).await {
-            let (cache, top_digest) = (cache.clone(), top_digest.clone());
-            blocking(move || tag.map_or(Ok(()), |tag| cache.put_tag(&tag, &top_digest))).await?;
+        if let Some(pulled) = self.cached(&top_digest, Origin::Registry, caller, Access::SameRepository).await {
+            let (cache, top_digest, module, caller) =
+                (cache.clone(), top_digest.clone(), pulled.module_digest.clone(), caller.clone());
+            blocking(move || {
+                cache.grant(&module, caller)?;
+                tag.map_or(Ok(()), |tag| cache.put_tag(&tag, &top_digest))
+            })
+            .await?;
             return Ok(pulled);
         }
-        let (manifest, manifest_digest) = resolve_manifest(&client, &auth, reference, &top_bytes, &top_digest).await?;
+        let (manifest, manifest_digest) = resolve_manifest(&session, reference, &top_bytes, &top_digest).await?;
         let (format, layer) = format::detect(&manifest)?;
         let max = self.inner.options.max_module_bytes;
         let layer_limit = if format == Format::ImageTar { max + TAR_OVERHEAD_BYTES } else { max };
@@ -100,14 +150,19 @@ impl Registry {
             (Format::CncfWasm | Format::IstioWasm, None) => Some(layer.digest.clone()),
             (Format::ImageTar, None) => None,
         };
+        // Knowing a digest is no proof of access: a manifest anywhere can
+        // name any layer. Cached bytes are reused only for a caller this
+        // repository (or anonymity) vouches for; anyone else downloads them.
         let cached = match known_digest {
-            Some(digest) => self.read_blob(&digest).await.map(|module| (module, digest)),
-            None => None,
+            Some(digest) if access(&cache.grants(&digest), caller) >= Access::SameRepository => {
+                self.read_blob(&digest).await.map(|module| (module, digest))
+            }
+            _ => None,
         };
         let (module, module_digest) = match cached {
             Some(found) => found,
             None => {
-                let layer_bytes = download(&client, reference, layer, layer_limit).await?;
+                let layer_bytes = session.blob(layer, layer_limit).await?;
                 let media_types = format::media_types(&manifest);
                 let cache = cache.clone();
                 blocking(move || {
@@ -129,12 +184,13 @@ impl Registry {
             module_digest,
             format,
         };
-        let (cache, stored, top) = (cache.clone(), record.clone(), top_digest.clone());
+        let (cache, stored, top, caller) = (cache.clone(), record.clone(), top_digest.clone(), caller.clone());
         blocking(move || {
             cache.put_manifest(&stored.manifest_digest, &stored)?;
             if top != stored.manifest_digest {
                 cache.put_manifest(&top, &stored)?;
             }
+            cache.grant(&stored.module_digest, caller)?;
             tag.map_or(Ok(()), |tag| cache.put_tag(&tag, &top))
         })
         .await?;
@@ -148,8 +204,13 @@ impl Registry {
         })
     }
 
-    async fn cached(&self, manifest_digest: &str, origin: Origin) -> Option<Pulled> {
+    /// The cached module of a manifest, if the caller has at least `needed`
+    /// access to it.
+    async fn cached(&self, manifest_digest: &str, origin: Origin, caller: &Grant, needed: Access) -> Option<Pulled> {
         let record = self.inner.cache.manifest(manifest_digest)?;
+        if access(&self.inner.cache.grants(&record.module_digest), caller) < needed {
+            return None;
+        }
         let module = self.read_blob(&record.module_digest).await?;
         Some(Pulled {
             module,
@@ -217,8 +278,22 @@ mod tests {
         }
     }
 
+    #[test]
+    fn access_follows_the_grants() {
+        let grant = |scope: &str, identity: &str| Grant { scope: scope.into(), identity: identity.into() };
+        let caller = grant("r/private", "sha256:me");
+        assert_eq!(access(&[], &caller), Access::Unproven);
+        assert_eq!(access(&[grant("r/private", "sha256:me")], &caller), Access::Granted);
+        assert_eq!(access(&[grant("r/other", ANONYMOUS)], &caller), Access::Granted);
+        assert_eq!(access(&[grant("r/private", "sha256:someone")], &caller), Access::SameRepository);
+        assert_eq!(
+            access(&[grant("r/other", "sha256:me"), grant("s/private", "sha256:me")], &caller),
+            Access::Unproven
+        );
+    }
+
     #[tokio::test]
-    async fn a_cached_digest_reference_is_served_without_the_network() {
+    async fn a_cached_digest_reference_is_served_without_the_network_to_a_caller_with_access() {
         let dir = tempfile::tempdir().unwrap();
         let registry = Registry::new(RegistryOptions::new(dir.path())).unwrap();
         let module = crate::component::tests::tiny_component();
@@ -232,14 +307,29 @@ mod tests {
             format: Format::CncfWasm,
         };
         registry.inner.cache.put_manifest(&manifest_digest, &record).unwrap();
-        // Port 9 on loopback: nothing listens, so any network use would fail.
+        // Port 9 on loopback: nothing listens, so any network use fails.
         let reference: Reference = format!("127.0.0.1:9/plugins/p@{manifest_digest}").parse().unwrap();
+        let scope = "127.0.0.1:9/plugins/p".to_string();
+        // Cached, but fetched by someone else: the registry must be asked.
+        let secret = Grant { scope: scope.clone(), identity: identity("127.0.0.1:9", &basic("u", "pw")) };
+        registry.inner.cache.grant(&module_digest, secret).unwrap();
+        let error = registry.pull(&reference, PullPolicy::IfNotPresent, None).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        let credentials = PullCredentials::Basic { username: "u".into(), password: "pw".into() };
+        let pulled = registry.pull_as(&reference, PullPolicy::IfNotPresent, None, Some(&credentials)).await.unwrap();
+        assert_eq!((pulled.origin, &pulled.module[..]), (Origin::Cache, &module[..]));
+
+        registry.inner.cache.grant(&module_digest, Grant { scope, identity: ANONYMOUS.into() }).unwrap();
         for policy in [PullPolicy::IfNotPresent, PullPolicy::Always] {
             let pulled = registry.pull(&reference, policy, Some(&module_digest)).await.unwrap();
             assert_eq!((pulled.origin, &pulled.module[..]), (Origin::Cache, &module[..]));
         }
         let error = registry.pull(&reference, PullPolicy::IfNotPresent, Some(&sha256_digest(b"x"))).await.unwrap_err();
         assert!(matches!(error, OciError::DigestMismatch { .. }), "{error}");
+    }
+
+    fn basic(username: &str, password: &str) -> oci_client::secrets::RegistryAuth {
+        oci_client::secrets::RegistryAuth::Basic(username.into(), password.into())
     }
 
     #[tokio::test]

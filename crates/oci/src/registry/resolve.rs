@@ -2,9 +2,8 @@
 //! parsing, and choosing an index's Wasm entry.
 
 use oci_client::manifest::{OciImageManifest, OciManifest};
-use oci_client::secrets::RegistryAuth;
 
-use super::transport::manifest_raw;
+use super::transport::Session;
 use crate::digest::check_registry_digest;
 use crate::error::OciError;
 use crate::format;
@@ -12,8 +11,7 @@ use crate::reference::Reference;
 
 /// Parses a manifest; for an index, fetches the Wasm entry's manifest.
 pub(super) async fn resolve_manifest(
-    client: &oci_client::Client,
-    auth: &RegistryAuth,
+    session: &Session<'_>,
     reference: &Reference,
     bytes: &[u8],
     digest: &str,
@@ -39,7 +37,7 @@ pub(super) async fn resolve_manifest(
             }
             let entry = format::choose_index_entry(&index)?;
             let entry_reference = reference.with_digest(&entry.digest);
-            let (bytes, entry_digest) = manifest_raw(client, auth, &entry_reference).await?;
+            let (bytes, entry_digest) = session.manifest(&entry_reference).await?;
             match parse(&bytes)? {
                 OciManifest::Image(manifest) => {
                     check_descriptors(&manifest, &entry_reference)?;

@@ -47,7 +47,10 @@ impl RegistryOptions {
 /// digest reference, or a tag resolved before, is served from the cache
 /// without contacting the registry; under `Always` a tag is re-resolved on
 /// every pull (content already cached is not downloaded again) and a digest
-/// reference, being immutable, is still served from the cache.
+/// reference, being immutable, is still served from the cache. Either way
+/// the cache serves a module without asking only a caller that fetched it
+/// with the same credentials from the same repository, or one fetched
+/// anonymously; any other caller proves access to the registry first.
 pub use sluice_core::PullPolicy;
 
 /// Where a pulled module came from.
