@@ -7,6 +7,7 @@
 mod bench;
 mod cycles;
 mod kube;
+mod new_plugin;
 mod plugins;
 mod process;
 mod quickstart;
@@ -46,6 +47,9 @@ enum Task {
     /// Build kube-apiserver, kubectl and etcd for the tests (once, into the
     /// user's cache directory) and print their directory.
     Kube,
+    /// Start a Rust plugin in plugins/<name> from a template, add it to the
+    /// plugins workspace and build it.
+    NewPlugin(new_plugin::Args),
 }
 
 fn main() -> Result<()> {
@@ -62,6 +66,7 @@ fn main() -> Result<()> {
             println!("{}={}", kube::BIN_DIR_ENV, bin.display());
             Ok(())
         }
+        Task::NewPlugin(args) => new_plugin::main(args),
     }
 }
 
