@@ -78,11 +78,17 @@ pub enum Filtered {
     Respond(http::Response<Body>),
 }
 
-/// Runs the route's request hooks in chain order.
-pub async fn request_filters(route: &Route, model: &str, outgoing: &mut Outgoing) -> Result<Filtered, ApiError> {
+/// Runs the route's request hooks in chain order. A body a plugin writes is
+/// held to `max_body_bytes`, like the client's.
+pub async fn request_filters(
+    route: &Route,
+    model: &str,
+    outgoing: &mut Outgoing,
+    max_body_bytes: usize,
+) -> Result<Filtered, ApiError> {
     let mut engaged = Vec::new();
     for plugin in &route.chain {
-        match request_filter(plugin, route, model, outgoing).await {
+        match request_filter(plugin, route, model, outgoing, max_body_bytes).await {
             Ok(Step::Continue(instance)) => {
                 engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
             }
@@ -99,7 +105,7 @@ pub async fn request_filters(route: &Route, model: &str, outgoing: &mut Outgoing
 pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Result<(), http::Response<Body>> {
     let mut copy = request.clone();
     for plugin in route.chain.iter().filter(|p| p.decl.phase == Phase::Auth) {
-        match request_filter(plugin, route, model, &mut copy).await {
+        match request_filter(plugin, route, model, &mut copy, usize::MAX).await {
             Ok(Step::Continue(_)) => {}
             Ok(Step::Respond(response)) => return Err(response),
             // Auth plugins fail closed (an Open one is refused at load).
@@ -120,6 +126,7 @@ async fn request_filter(
     route: &Route,
     model: &str,
     outgoing: &mut Outgoing,
+    max_body_bytes: usize,
 ) -> Result<Step, PluginError> {
     let hooks = plugin.hooks();
     if hooks == Hooks::empty() {
@@ -140,14 +147,33 @@ async fn request_filter(
                 apply_edits(&mut outgoing.headers, &edits.set_headers, &edits.remove_headers)
                     .map_err(PluginError::InvalidEdit)?;
                 if let Some(body) = edits.body {
+                    if body.len() > max_body_bytes {
+                        return Err(PluginError::InvalidEdit(format!(
+                            "the body it wrote ({} bytes) is over the limit of {max_body_bytes} bytes",
+                            body.len()
+                        )));
+                    }
                     outgoing.body = Bytes::from(body);
                 }
             }
-            RequestAction::Respond(direct) => return Ok(Step::Respond(direct_response(plugin, direct))),
+            RequestAction::Respond(direct) => {
+                check_direct_status(direct.status)?;
+                return Ok(Step::Respond(direct_response(plugin, direct)));
+            }
         }
     }
     let keep = hooks.intersects(response_hooks());
     Ok(Step::Continue(keep.then_some(instance)))
+}
+
+/// A plugin answers with a final status: not 1xx (101 would switch the
+/// client's connection to another protocol), not past 599.
+fn check_direct_status(status: u16) -> Result<(), PluginError> {
+    if (200..=599).contains(&status) {
+        Ok(())
+    } else {
+        Err(PluginError::InvalidEdit(format!("it answered with status {status}, outside 200..=599")))
+    }
 }
 
 fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse) -> http::Response<Body> {
@@ -163,4 +189,20 @@ fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse
     }
     headers.remove(header::CONTENT_LENGTH);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 12, finding 6.
+    #[test]
+    fn a_direct_response_has_a_final_status() {
+        for status in [100, 101, 199, 600, 999, 0] {
+            assert!(check_direct_status(status).is_err(), "{status}");
+        }
+        for status in [200, 204, 403, 429, 599] {
+            assert!(check_direct_status(status).is_ok(), "{status}");
+        }
+    }
 }

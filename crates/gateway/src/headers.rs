@@ -15,6 +15,16 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// Headers a plugin may not set or remove: they frame the message or
+/// manage the connection, which is the gateway's business (a plugin that
+/// set `transfer-encoding` or `content-length` could desynchronise the
+/// upstream connection). Edits to them are ignored.
+const NOT_EDITABLE: &[&str] = &["content-length", "host"];
+
+fn editable(name: &HeaderName) -> bool {
+    !HOP_BY_HOP.contains(&name.as_str()) && !NOT_EDITABLE.contains(&name.as_str())
+}
+
 /// Removes hop-by-hop headers, including any that `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<String> = headers
@@ -34,27 +44,54 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Headers as (lower-case name, value) pairs. Values that are not UTF-8 are
-/// left out: the WIT world carries strings.
+/// Headers as (lower-case name, value) pairs, as plugins see them. The WIT
+/// world carries strings: a value must be UTF-8 to be seen, and one that is
+/// not must not travel on unseen (see [`not_utf8`]).
 pub fn to_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter_map(|(name, value)| Some((name.as_str().to_string(), value.to_str().ok()?.to_string())))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), std::str::from_utf8(value.as_bytes()).ok()?.to_string()))
+        })
         .collect()
+}
+
+/// The first header whose value plugins could not see, if any.
+pub fn not_utf8(headers: &HeaderMap) -> Option<&HeaderName> {
+    headers.iter().find(|(_, value)| std::str::from_utf8(value.as_bytes()).is_err()).map(|(name, _)| name)
+}
+
+/// Drops every value plugins could not see.
+pub fn drop_not_utf8(headers: &mut HeaderMap) {
+    while let Some(name) = not_utf8(headers).cloned() {
+        let kept: Vec<HeaderValue> =
+            headers.get_all(&name).iter().filter(|v| std::str::from_utf8(v.as_bytes()).is_ok()).cloned().collect();
+        headers.remove(&name);
+        for value in kept {
+            headers.append(&name, value);
+        }
+    }
 }
 
 /// Applies a plugin's edits: removals first, then each set replaces all
 /// values of its name. A name or value that is not valid HTTP is an error
-/// the caller blames on the plugin.
+/// the caller blames on the plugin; edits to hop-by-hop and framing headers
+/// are ignored.
 pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[String]) -> Result<(), String> {
     for name in remove {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
-        headers.remove(name);
+        if editable(&name) {
+            headers.remove(name);
+        }
     }
     let mut fresh = HeaderMap::new();
     for (name, value) in set {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
         let value = HeaderValue::from_str(value).map_err(|_| format!("invalid value for header `{name}`"))?;
+        if !editable(&name) {
+            tracing::debug!(header = %name, "a plugin's edit of a framing or hop-by-hop header was ignored");
+            continue;
+        }
         // Several values of one name in one edit are all kept.
         fresh.append(name, value);
     }
@@ -93,6 +130,39 @@ mod tests {
         headers.insert("x-team", HeaderValue::from_static("search"));
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x-team"]);
+    }
+
+    /// Issue 12, finding 6.
+    #[test]
+    fn framing_and_hop_by_hop_headers_cannot_be_edited() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-length", HeaderValue::from_static("10"));
+        headers.insert("host", HeaderValue::from_static("api"));
+        let set: Vec<(String, String)> =
+            ["content-length", "transfer-encoding", "connection", "upgrade", "te", "host", "x-ok"]
+                .iter()
+                .map(|name| (name.to_string(), "1".to_string()))
+                .collect();
+        apply_edits(&mut headers, &set, &["content-length".into(), "host".into()]).unwrap();
+        let mut names: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["content-length", "host", "x-ok"]);
+        assert_eq!(headers["content-length"], "10");
+        assert_eq!(headers["host"], "api");
+    }
+
+    /// Issue 12, finding 4: what plugins see is what travels on.
+    #[test]
+    fn utf8_values_are_seen_and_others_are_found() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant", HeaderValue::from_bytes("bloqué".as_bytes()).unwrap());
+        headers.append("x-raw", HeaderValue::from_bytes(b"ok").unwrap());
+        headers.append("x-raw", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        assert!(to_pairs(&headers).contains(&("x-tenant".into(), "bloqué".into())));
+        assert_eq!(not_utf8(&headers).map(|n| n.as_str()), Some("x-raw"));
+        drop_not_utf8(&mut headers);
+        assert_eq!(not_utf8(&headers), None);
+        assert_eq!(headers.get_all("x-raw").iter().collect::<Vec<_>>(), vec!["ok"]);
     }
 
     #[test]

@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Method, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use sluice_core::ApiError;
+use sluice_runtime::Hooks;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::{Body, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
+use crate::headers::not_utf8;
 use crate::response::{self, Exchange};
 use crate::snapshot::{Route, Snapshot};
 
@@ -141,13 +143,22 @@ async fn proxy(
     let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
     let model = requested_model(&body)?;
     let mut outgoing = Outgoing::new(parts, body);
+    // Plugins see header values as strings: one that is not UTF-8 would
+    // reach the upstream unseen by them.
+    if let Some(name) = not_utf8(&outgoing.headers) {
+        return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
+    }
     let Some(route) = snapshot.route_for(&model) else {
         return Ok(unknown_model(snapshot, &model, &outgoing).await);
     };
-    let engaged = match request_filters(route, &model, &mut outgoing).await? {
+    let engaged = match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes).await? {
         Filtered::Forward(engaged) => engaged,
         Filtered::Respond(response) => return Ok(response),
     };
+    if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
+        // Plugins that read the response body need it as text, not gzip.
+        outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
 
     let upstream = forward(gateway, route, outgoing).await?;
     let exchange = Exchange { started, model, route: route.decl.key.to_string() };

@@ -19,7 +19,7 @@ use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSu
 
 use crate::body::{Body, BoxError, collect_limited, full};
 use crate::chain::Engaged;
-use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
+use crate::headers::{apply_edits, drop_not_utf8, strip_hop_by_hop, to_pairs};
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
 
 /// How much of a JSON response is copied aside to read its `usage`. Larger
@@ -47,6 +47,16 @@ pub async fn respond(
 ) -> Result<http::Response<Body>, ApiError> {
     let (mut head, body) = upstream.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    // What response plugins cannot see does not reach the client.
+    drop_not_utf8(&mut head.headers);
+    let reads_body = engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK));
+    if reads_body && let Some(encoding) = encoded(&head.headers) {
+        // Asked for identity and sent something else: the plugins could
+        // not read it, and passing it unread would let it past them.
+        return Err(ApiError::upstream_unavailable(format!(
+            "the upstream sent a `{encoding}`-encoded body, which the route's response plugins cannot read"
+        )));
+    }
     engaged.reverse();
     response_filters(&mut head, &mut engaged).await?;
 
@@ -66,7 +76,7 @@ pub async fn respond(
             ))
         })?;
         known_usage = usage_in(&whole);
-        body = full(response_body_filters(&mut engaged, whole).await?);
+        body = full(response_body_filters(&mut engaged, whole, max_body_bytes).await?);
         head.headers.remove(header::CONTENT_LENGTH);
     } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
         head.headers.remove(header::CONTENT_LENGTH);
@@ -75,6 +85,13 @@ pub async fn respond(
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced.
     Ok(http::Response::from_parts(head, relay(body, ended, engaged, known_usage)))
+}
+
+/// The body's content coding, unless it is none (`identity`).
+fn encoded(headers: &http::HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_ENCODING)?;
+    let value = String::from_utf8_lossy(value.as_bytes()).trim().to_ascii_lowercase();
+    (!value.is_empty() && value != "identity").then_some(value)
 }
 
 /// Runs `response-head` hooks; a plugin that wants nothing later is let go.
@@ -103,9 +120,13 @@ struct Ended {
 /// Runs `response-body` hooks over a whole non-streamed body. An error is
 /// what a `Closed` plugin's failure turns into; the response has not been
 /// sent, so it can still become an error response.
-async fn response_body_filters(plugins: &mut [Engaged], mut body: Bytes) -> Result<Bytes, ApiError> {
+async fn response_body_filters(plugins: &mut [Engaged], mut body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
     for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_BODY)) {
         match plugin.instance.response_body(&body).await {
+            Ok(Some(replacement)) if replacement.len() > limit => plugin.fail(PluginError::InvalidEdit(format!(
+                "the body it wrote ({} bytes) is over the limit of {limit} bytes",
+                replacement.len()
+            )))?,
             Ok(Some(replacement)) => body = Bytes::from(replacement),
             Ok(None) => {}
             Err(error) => plugin.fail(error)?,
@@ -394,7 +415,8 @@ pub fn usage_in(json: &[u8]) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: counts.prompt_tokens,
         completion_tokens: counts.completion_tokens,
-        total_tokens: counts.total_tokens.max(counts.prompt_tokens + counts.completion_tokens),
+        // Saturating: a hostile upstream's counts must not overflow.
+        total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
     })
 }
 
@@ -412,5 +434,21 @@ mod tests {
         assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 0));
         assert!(usage_in(br#"{"choices":[],"usage":null}"#).is_none());
         assert!(usage_in(b"[DONE]").is_none());
+    }
+
+    /// Issue 12, finding 4: a hostile upstream's usage.
+    #[test]
+    fn hostile_usage_neither_overflows_nor_is_believed_when_malformed() {
+        let max = u32::MAX;
+        let usage = usage_in(format!(r#"{{"usage":{{"prompt_tokens":{max},"completion_tokens":{max}}}}}"#).as_bytes());
+        assert_eq!(usage.unwrap().total_tokens, max);
+        for bad in [
+            r#"{"usage":{"prompt_tokens":-1}}"#,
+            r#"{"usage":{"prompt_tokens":4294967296}}"#,
+            r#"{"usage":{"prompt_tokens":"7"}}"#,
+            r#"{"usage":[1,2]}"#,
+        ] {
+            assert!(usage_in(bad.as_bytes()).is_none(), "{bad}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Standalone mode: GatewayPlugin and AIModelRoute YAML in a directory, as
 //! they would be applied to a cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -86,7 +86,7 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
     let mut hasher = Sha256::new();
     let mut files = BTreeMap::new();
     let mut errors = Vec::new();
-    collect_yaml(dir, &mut files, &mut errors);
+    collect_yaml(dir, &mut files, &mut errors, &mut BTreeSet::new());
     if files.is_empty() && errors.is_empty() {
         errors.push(ResourceError::new(format!("file {}", dir.display()), "no *.yaml or *.yml files found"));
     }
@@ -141,7 +141,25 @@ fn no_secret_refs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<(), St
     }
 }
 
-fn collect_yaml(dir: &Path, files: &mut BTreeMap<PathBuf, String>, errors: &mut Vec<ResourceError>) {
+/// Reads every YAML file under `dir`. Each directory is read once, by its
+/// canonical path, so a link back up the tree cannot make it loop.
+fn collect_yaml(
+    dir: &Path,
+    files: &mut BTreeMap<PathBuf, String>,
+    errors: &mut Vec<ResourceError>,
+    seen: &mut BTreeSet<PathBuf>,
+) {
+    match std::fs::canonicalize(dir) {
+        Ok(canonical) => {
+            if !seen.insert(canonical) {
+                return;
+            }
+        }
+        Err(error) => {
+            errors.push(ResourceError::new(format!("file {}", dir.display()), error));
+            return;
+        }
+    }
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) => {
@@ -158,7 +176,7 @@ fn collect_yaml(dir: &Path, files: &mut BTreeMap<PathBuf, String>, errors: &mut 
             continue;
         }
         if path.is_dir() {
-            collect_yaml(&path, files, errors);
+            collect_yaml(&path, files, errors, seen);
         } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
             match std::fs::read_to_string(&path) {
                 Ok(text) => {
@@ -177,6 +195,21 @@ mod tests {
     const PLUGIN: &str =
         "apiVersion: sluice.dev/v1alpha1\nkind: GatewayPlugin\nmetadata: {name: p}\nspec: {source: {file: p.wasm}}\n";
     const ROUTE: &str = "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata: {name: r}\nspec: {models: [m], backends: [{url: 'http://127.0.0.1:1/v1'}], plugins: [{name: p}]}\n";
+
+    /// Issue 12, finding 4: a directory linked into itself is read once,
+    /// not until the stack overflows.
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_loop_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("r.yaml"), ROUTE.replace("plugins: [{name: p}]", "plugins: []")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("again")).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("..", dir.path().join("sub/up")).unwrap();
+        let (update, _) = read_dir(dir.path());
+        let ConfigUpdate::Desired(desired) = update else { panic!("expected a valid config: {update:?}") };
+        assert_eq!(desired.routes.len(), 1);
+    }
 
     #[test]
     fn reads_nested_files_and_resolves_paths_per_file() {
