@@ -132,16 +132,30 @@ impl PromptGuard {
             // The legacy endpoint's `prompt` counts as a user message.
             "/v1/completions" if self.checks_role("user") => {
                 let body: Value = req.json()?;
-                let prompts: Vec<(String, String)> = match &body["prompt"] {
-                    Value::String(prompt) => vec![("prompt".to_string(), prompt.clone())],
+                // Token ids (or any other shape) cannot be matched against
+                // the rules: refused, or they would be a way around them.
+                let unreadable = |place: &str| {
+                    ApiError::bad_request(
+                        "prompt_guard_unreadable",
+                        format!("{place} is not text, and prompt-guard checks only prompts given as text"),
+                    )
+                };
+                match &body["prompt"] {
+                    Value::Null => Ok(Vec::new()),
+                    Value::String(prompt) => Ok(vec![("prompt".to_string(), prompt.clone())]),
                     Value::Array(prompts) => prompts
                         .iter()
                         .enumerate()
-                        .filter_map(|(i, p)| p.as_str().map(|p| (format!("prompt[{i}]"), p.to_string())))
+                        .map(|(i, p)| {
+                            let place = format!("prompt[{i}]");
+                            match p.as_str() {
+                                Some(text) => Ok((place, text.to_string())),
+                                None => Err(unreadable(&place)),
+                            }
+                        })
                         .collect(),
-                    _ => Vec::new(),
-                };
-                Ok(prompts)
+                    _ => Err(unreadable("prompt")),
+                }
             }
             _ => Ok(Vec::new()),
         }
@@ -260,6 +274,19 @@ mod tests {
                               {"role": "user", "content": "good"}]);
         assert!(run(&guard, messages).is_ok());
         assert!(run(&guard, json!([{"role": "user", "content": "good"}, {"role": "user", "content": "bad"}])).is_err());
+    }
+
+    /// Issue 12, finding 4: a prompt given as token ids (or in any shape
+    /// but text) cannot be read by the rules, so it is refused, not let by.
+    #[test]
+    fn prompts_the_rules_cannot_read_are_refused() {
+        let guard = injection_guard();
+        for prompt in [json!([1, 2, 3]), json!([[1, 2], [3]]), json!(["ok", [1, 2]]), json!({"text": "x"}), json!(7)] {
+            let mut req = raw_request("m", &[], json!({"model": "m", "prompt": prompt}).to_string().into());
+            req.path = "/v1/completions".into();
+            let error = guard.on_request(&req, &mut ()).expect_err(&prompt.to_string());
+            assert_eq!((error.status, error.code.as_str()), (400, "prompt_guard_unreadable"), "{prompt}");
+        }
     }
 
     #[test]
