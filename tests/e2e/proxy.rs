@@ -291,3 +291,21 @@ async fn the_auth_phase_runs_before_routing_so_models_cannot_be_enumerated() {
     assert_eq!(gateway.chat("secret-model", &with_key).await.status, 200);
     gateway.chat("no-such-model", &with_key).await.assert_error(404, "model_not_found");
 }
+
+/// Issue 11, finding 5: the kubelet's probes get a listener of their own
+/// (`--probes`) that serves /healthz and /readyz and nothing else, so the
+/// admin listener, with the config view, can stay on loopback.
+#[tokio::test]
+async fn the_probes_listener_serves_the_probes_and_not_the_config() {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    dir.write("routes.yaml", &Route::new("chat", &["m"], &echo.url()).yaml());
+    let probes = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let options = Options { args: vec!["--probes".into(), probes.to_string()], ..Default::default() };
+    let gateway = Gateway::start_with(&dir, options).await;
+    let client = gateway.client();
+    assert_eq!(client.get(&format!("http://{probes}/readyz")).await.status, 200);
+    assert_eq!(client.get(&format!("http://{probes}/healthz")).await.status, 200);
+    assert_eq!(client.get(&format!("http://{probes}/admin/config")).await.status, 404);
+    assert!(gateway.admin_config().await["routes"].is_array(), "the admin listener still has the config view");
+}

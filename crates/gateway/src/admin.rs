@@ -10,7 +10,17 @@ use crate::body::{Body, error_response, full, json_response};
 use crate::gateway::Gateway;
 use crate::snapshot::Snapshot;
 
+/// The admin API: the probes and the config view.
 pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
+    match request.uri().path() {
+        "/admin/config" => config(gateway),
+        _ => probes(gateway, request),
+    }
+}
+
+/// Only the probes, for a listener the kubelet reaches over the pod
+/// network: nothing there tells what is configured.
+pub fn probes(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
     match request.uri().path() {
         "/healthz" => http::Response::new(full("ok\n")),
         "/readyz" if gateway.is_ready() => http::Response::new(full("ready\n")),
@@ -19,7 +29,6 @@ pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Resp
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             response
         }
-        "/admin/config" => config(gateway),
         path => error_response(&sluice_core::ApiError::not_found(path)),
     }
 }

@@ -23,6 +23,17 @@ pub async fn serve_data_plane(
     .await
 }
 
+/// Serves /healthz and /readyz only: the listener for the kubelet's probes,
+/// which may face the pod network while the admin listener stays on
+/// loopback.
+pub async fn serve_probes(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
+        let gateway = gateway.clone();
+        async move { crate::admin::probes(&gateway, request) }
+    })
+    .await
+}
+
 /// Serves health, readiness and the config view.
 pub async fn serve_admin(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {

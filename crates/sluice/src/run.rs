@@ -46,9 +46,15 @@ pub struct RunArgs {
     /// Data plane (OpenAI API) address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Admin address: /healthz, /readyz, /admin/config.
+    /// Admin address: /healthz, /readyz, /admin/config. The config view
+    /// tells what is routed where: keep it on loopback (the default) and
+    /// give probes their own listener with --probes.
     #[arg(long, default_value = "127.0.0.1:9901")]
     pub admin: SocketAddr,
+    /// Also serve /healthz and /readyz (and nothing else) here: the address
+    /// the kubelet probes, e.g. 0.0.0.0:9902.
+    #[arg(long, value_name = "ADDR")]
+    pub probes: Option<SocketAddr>,
     /// Where compiled plugins are cached across restarts
     /// [default: $XDG_CACHE_HOME/sluice/compiled].
     #[arg(long, env = "SLUICE_CACHE_DIR")]
@@ -114,13 +120,20 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
     let gateway = build_gateway(&args)?;
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let admin = TcpListener::bind(args.admin).await.with_context(|| format!("binding {}", args.admin))?;
+    let probes = match args.probes {
+        Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+        None => None,
+    };
 
     let (updates_tx, updates_rx) = watch::channel(None);
     let (stop_tx, stop_rx) = watch::channel(false);
     let controller = start_config_source(&args, &gateway, updates_tx, stop_rx.clone()).await?;
     tokio::spawn(gateway.clone().follow(updates_rx));
 
-    let admin_task = tokio::spawn(sluice_gateway::serve_admin(gateway.clone(), admin, stopped(stop_rx)));
+    let admin_task = tokio::spawn(sluice_gateway::serve_admin(gateway.clone(), admin, stopped(stop_rx.clone())));
+    if let Some(probes) = probes {
+        tokio::spawn(sluice_gateway::serve_probes(gateway.clone(), probes, stopped(stop_rx)));
+    }
     let draining = gateway.clone();
     let shutdown_delay = Duration::from_secs(args.shutdown_delay_seconds);
     let begin_shutdown = async move {
