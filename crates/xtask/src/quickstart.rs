@@ -39,7 +39,7 @@ pub fn main(args: Args) -> Result<()> {
     plugins::build_only(PLUGINS)?;
     // The very build `cargo xtask test` runs: the same feature set, so
     // either command reuses what the other compiled.
-    step("The sluice binary (about 8 min and 3 GB the first time on 2 cores; seconds after that)");
+    step("The sluice binary (up to 15 min and 6 GB the first time on 2 cores; seconds after that)");
     run(cargo().args(["build", "--workspace", "--all-targets"]))?;
 
     // The committed config points at the default upstream. For another one,
