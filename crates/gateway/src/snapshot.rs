@@ -11,7 +11,7 @@ use sluice_core::{
     ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource,
     RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
 };
-use sluice_oci::{PullCredentials, Reference, Registry};
+use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
 
 #[derive(Default)]
@@ -318,7 +318,7 @@ async fn load_plugin(
 async fn pull(
     registry: Option<&Registry>,
     reference: &str,
-    policy: sluice_core::PullPolicy,
+    policy: PullPolicy,
     credentials: Option<&RegistryCredentials>,
     decl: &PluginDecl,
 ) -> Result<Vec<u8>, LoadFailure> {
@@ -327,10 +327,6 @@ async fn pull(
         reason: reason::INVALID_REFERENCE,
         ..LoadFailure::permanent(e.to_string())
     })?;
-    let policy = match policy {
-        sluice_core::PullPolicy::IfNotPresent => sluice_oci::PullPolicy::IfNotPresent,
-        sluice_core::PullPolicy::Always => sluice_oci::PullPolicy::Always,
-    };
     let credentials = credentials.map(|c| match c {
         RegistryCredentials::Basic { username, password } => {
             PullCredentials::Basic { username: username.clone(), password: password.expose().to_string() }

@@ -234,3 +234,88 @@ fn hostname() -> String {
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| format!("sluice-{}", std::process::id()))
 }
+
+#[cfg(test)]
+mod tests {
+    //! `run` in-process, as the binary runs it: a config directory, an echo
+    //! upstream, real listeners, and a shutdown that drains.
+
+    use clap::Parser;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn free_addr() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    }
+
+    /// One HTTP/1.1 exchange; the status code and the body.
+    async fn exchange(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let status = response.split(' ').nth(1)?.parse().ok()?;
+        Some((status, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_serves_a_config_directory_in_process_and_drains_on_shutdown() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(sluice_echo::serve(echo, Default::default(), std::future::pending()));
+        let dir = tempfile::tempdir().unwrap();
+        let route = format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata: {{name: chat}}\n\
+             spec: {{models: [m], backends: [{{url: 'http://{echo_addr}/v1'}}]}}\n"
+        );
+        std::fs::write(dir.path().join("routes.yaml"), route).unwrap();
+        let (listen, admin) = (free_addr(), free_addr());
+        let cache = dir.path().join("cache");
+        let args = Cli::parse_from([
+            "sluice".as_ref(),
+            "--config".as_ref(),
+            dir.path().as_os_str(),
+            "--listen".as_ref(),
+            listen.to_string().as_ref(),
+            "--admin".as_ref(),
+            admin.to_string().as_ref(),
+            "--cache-dir".as_ref(),
+            cache.join("compiled").as_os_str(),
+            "--oci-cache-dir".as_ref(),
+            cache.join("oci").as_os_str(),
+        ])
+        .run;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(run(args, async move {
+            let _ = stopped.await;
+        }));
+
+        let ready = "GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while exchange(admin, ready).await.map(|(status, _)| status) != Some(200) {
+            assert!(std::time::Instant::now() < deadline, "not ready in 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let chat = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, reply) = exchange(listen, &chat).await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+        assert!(reply.contains("chat.completion"), "{reply}");
+
+        stop.send(()).unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(10), running).await.expect("run did not stop");
+        result.unwrap().unwrap();
+        assert!(exchange(listen, &chat).await.is_none(), "still listening after shutdown");
+    }
+}
