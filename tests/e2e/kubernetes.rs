@@ -3,7 +3,8 @@
 //! `kubectl apply`: traffic through applied plugins, status and Events,
 //! zero-error swaps, OCI repoints and bad references, Secrets, apiserver
 //! validation, deletion, two replicas with one status writer, an apiserver
-//! restart, and the deploy/ manifests.
+//! restart, the deploy/ manifests, and what a resource may ask of the
+//! gateway (its files and environment, models across namespaces).
 //!
 //! The tests share one apiserver and isolate by namespace; the restart test
 //! has its own.
@@ -80,9 +81,25 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
-/// add-header from plugins/dist, by absolute path (a mounted volume, as Kubernetes would have it).
-fn add_header_spec(value: &str) -> String {
-    format!("source:\n  file: {}\nconfig:\n  header: x-team\n  value: {value}\n", plugin_wasm("add-header").display())
+/// add-header from plugins/dist, pushed to a registry of its own: in a
+/// cluster, plugins come from OCI (the gateway reads no host file for a
+/// resource unless its operator allows the directory).
+struct AddHeader {
+    _registry: Registry,
+    reference: String,
+}
+
+impl AddHeader {
+    async fn push() -> AddHeader {
+        let registry = Registry::start();
+        let reference = registry.reference("plugins/add-header:1");
+        push("add-header", &reference).await;
+        AddHeader { _registry: registry, reference }
+    }
+
+    fn spec(&self, value: &str) -> String {
+        format!("source:\n  oci: {}\nconfig:\n  header: x-team\n  value: {value}\n", self.reference)
+    }
 }
 
 async fn get(cluster: &KubeCluster, namespace: &str, kind: &str, name: &str) -> Value {
@@ -125,9 +142,10 @@ async fn team_header(gateway: &Gateway, model: &str) -> Option<String> {
 async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_delete() {
     let (cluster, ns) = cluster_with_namespace("applied").await;
     let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
 
-    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("one"))).await;
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header.spec("one"))).await;
     cluster.apply(&route_yaml(&ns, "chat", "gpt-k8s", &echo.url(), &["add-header"], "")).await;
     eventually("traffic through the applied plugin", WAIT, async || {
         (team_header(&gateway, "gpt-k8s").await.as_deref() == Some("one")).then_some(())
@@ -186,7 +204,7 @@ async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_d
             }
         }
     });
-    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("two"))).await;
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header.spec("two"))).await;
     eventually("the new config to serve", WAIT, async || {
         (team_header(&gateway, "gpt-k8s").await.as_deref() == Some("two")).then_some(())
     })
@@ -213,12 +231,11 @@ async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_d
 async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() {
     let (cluster, ns) = cluster_with_namespace("secrets").await;
     let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
 
-    let spec = format!(
-        "source:\n  file: {}\nconfig:\n  header: x-team\n  value: placeholder\nconfigFrom:\n- path: /value\n  secretKeyRef: {{name: team, key: header}}\n",
-        plugin_wasm("add-header").display()
-    );
+    let spec =
+        add_header.spec("placeholder") + "configFrom:\n- path: /value\n  secretKeyRef: {name: team, key: header}\n";
     cluster.apply(&plugin_yaml(&ns, "add-header", &spec)).await;
     let backend_key = "apiKeySecretRef: {name: upstream, key: apiKey}\n";
     cluster.apply(&route_yaml(&ns, "chat", "gpt-secret", &echo.url(), &["add-header"], backend_key)).await;
@@ -353,6 +370,7 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
             "source:\n  oci: r.example/p:1\nconfigFrom:\n- path: nope\n  secretKeyRef: {name: s, key: k}\n".to_string(),
             "JSON Pointer",
         ),
+        ("source:\n  file: plugins/p.wasm\n".to_string(), "source.file must be an absolute path"),
     ];
     for (spec, expected) in cases {
         let (ok, _, stderr) = cluster_apply_result(cluster, &plugin_yaml(&ns, "bad", &spec)).await;
@@ -368,6 +386,9 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
         route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyEnv: A\napiKeySecretRef: {name: s, key: k}\n");
     let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
     assert!(!ok && stderr.contains("set at most one of apiKeyEnv"), "{stderr}");
+    let route = route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], "apiKeyFile: keys/openai\n");
+    let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
+    assert!(!ok && stderr.contains("apiKeyFile must be an absolute path"), "{stderr}");
     assert!(!cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0, "nothing was stored");
 
     let explained = cluster.kubectl_ok(&["explain", "gatewayplugin.spec.configFrom"]).await;
@@ -388,10 +409,11 @@ fn leader_of(lease: &Value) -> String {
 async fn two_replicas_both_serve_and_only_the_leader_writes_status() {
     let (cluster, ns) = cluster_with_namespace("replicas").await;
     let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
     let mut a = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
     let mut b = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-b", Options::default()).await;
 
-    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header_spec("both"))).await;
+    cluster.apply(&plugin_yaml(&ns, "add-header", &add_header.spec("both"))).await;
     cluster.apply(&route_yaml(&ns, "chat", "gpt-two", &echo.url(), &["add-header"], "")).await;
     for gateway in [&a, &b] {
         eventually("each replica to serve", WAIT, async || {
@@ -442,8 +464,9 @@ async fn after_an_apiserver_restart_the_watch_resumes_with_no_stale_config() {
     let ns = "restart";
     cluster.kubectl_ok(&["create", "namespace", ns]).await;
     let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), ns, "replica-a", Options::default()).await;
-    cluster.apply(&plugin_yaml(ns, "add-header", &add_header_spec("before"))).await;
+    cluster.apply(&plugin_yaml(ns, "add-header", &add_header.spec("before"))).await;
     cluster.apply(&route_yaml(ns, "chat", "gpt-restart", &echo.url(), &["add-header"], "")).await;
     eventually("traffic", WAIT, async || {
         (team_header(&gateway, "gpt-restart").await.as_deref() == Some("before")).then_some(())
@@ -458,7 +481,7 @@ async fn after_an_apiserver_restart_the_watch_resumes_with_no_stale_config() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.start_apiserver().await;
 
-    cluster.apply(&plugin_yaml(ns, "add-header", &add_header_spec("after"))).await;
+    cluster.apply(&plugin_yaml(ns, "add-header", &add_header.spec("after"))).await;
     eventually("the change made after the restart", WAIT, async || {
         (team_header(&gateway, "gpt-restart").await.as_deref() == Some("after")).then_some(())
     })
@@ -485,6 +508,7 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
         "deployment.apps/sluice-gateway",
         "poddisruptionbudget.policy/sluice-gateway",
         "service/sluice-gateway",
+        "networkpolicy.networking.k8s.io/sluice-gateway",
     ] {
         assert!(dry.contains(object), "{object} missing from:\n{dry}");
     }
@@ -514,8 +538,9 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
     cluster.kubectl_ok(&["--kubeconfig", kc, "config", "set-credentials", "sa", "--token", token.trim()]).await;
     cluster.kubectl_ok(&["--kubeconfig", kc, "config", "set-context", "--current", "--user", "sa"]).await;
     let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
     let gateway = Gateway::start_kubernetes(&kubeconfig, "sluice-system", "sa-replica", Options::default()).await;
-    cluster.apply(&plugin_yaml("sluice-system", "add-header", &add_header_spec("rbac"))).await;
+    cluster.apply(&plugin_yaml("sluice-system", "add-header", &add_header.spec("rbac"))).await;
     cluster.apply(&route_yaml("sluice-system", "chat", "gpt-rbac", &echo.url(), &["add-header"], "")).await;
     eventually("traffic under the deploy RBAC", WAIT, async || {
         (team_header(&gateway, "gpt-rbac").await.as_deref() == Some("rbac")).then_some(())
@@ -526,4 +551,254 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
     })
     .await;
     assert!(!gateway.log().contains("forbidden"), "{}", gateway.log());
+}
+
+/// A route author chooses the backend URL, so whatever key the gateway sends
+/// there is theirs to read; a plugin's file is read whole. In Kubernetes mode
+/// the gateway reads no file or environment variable of its own for a
+/// resource (unless its operator allows one): the resources are refused and
+/// nothing reaches the upstream.
+#[tokio::test]
+async fn a_route_or_plugin_cannot_read_the_gateways_files_or_environment_in_kubernetes_mode() {
+    let (cluster, ns) = cluster_with_namespace("host-refs").await;
+    let echo = Echo::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let key_file = scratch.path().join("token");
+    std::fs::write(&key_file, "sk-from-a-host-file\n").unwrap();
+    let env = vec![("SLUICE_E2E_HOST_KEY".to_string(), "sk-from-the-environment".to_string())];
+    let gateway =
+        Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options { env, ..Options::default() }).await;
+
+    let by_file = format!("apiKeyFile: {}\n", key_file.display());
+    cluster.apply(&route_yaml(&ns, "by-file", "gpt-by-file", &echo.url(), &[], &by_file)).await;
+    let by_env = "apiKeyEnv: SLUICE_E2E_HOST_KEY\n";
+    cluster.apply(&route_yaml(&ns, "by-env", "gpt-by-env", &echo.url(), &[], by_env)).await;
+    let from_file = format!("source:\n  file: {}\n", plugin_wasm("add-header").display());
+    cluster.apply(&plugin_yaml(&ns, "from-file", &from_file)).await;
+    // Applied last: once it serves, the gateway has taken in the others.
+    cluster.apply(&route_yaml(&ns, "control", "gpt-control", &echo.url(), &[], "")).await;
+    eventually("the control route to serve", WAIT, async || {
+        (gateway.chat("gpt-control", &[]).await.status == 200).then_some(())
+    })
+    .await;
+
+    let mut statuses = Vec::new();
+    for (kind, name) in [("aimodelroute", "by-file"), ("aimodelroute", "by-env"), ("gatewayplugin", "from-file")] {
+        let object = wait_status(cluster, &ns, kind, name, "a status", |o| condition(o, "Accepted").is_some()).await;
+        assert_eq!(condition(&object, "Accepted"), Some(("False", "NotPermitted")), "{kind} {name}: {object:#}");
+        assert_eq!(condition(&object, "Ready").map(|c| c.0), Some("False"), "{kind} {name}");
+        statuses.push(object["status"].to_string());
+    }
+    for model in ["gpt-by-file", "gpt-by-env"] {
+        let reply = gateway.chat(model, &[]).await;
+        assert_eq!(reply.status, 404, "{model} must not be served: {}", reply.text());
+    }
+    for text in statuses.iter().chain([&gateway.log()]) {
+        assert!(!text.contains("sk-from"), "the gateway's secret leaked: {text}");
+    }
+}
+
+/// `sluice run --kubernetes` watching every namespace, its Leases in
+/// `lease_namespace`, with `args` (the harness starts gateways on one
+/// namespace).
+struct AllNamespacesGateway {
+    child: std::process::Child,
+    listen: std::net::SocketAddr,
+    log: PathBuf,
+    client: sluice_tests::Client,
+    _scratch: tempfile::TempDir,
+}
+
+impl AllNamespacesGateway {
+    async fn start(cluster: &KubeCluster, lease_namespace: &str, args: &[&str]) -> AllNamespacesGateway {
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("gateway.log");
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (listen, admin) = (free(), free());
+        let child = std::process::Command::new(sluice_tests::sluice_binary())
+            .args(["run", "--kubernetes", "--lease-namespace", lease_namespace, "--replica-name", "all-namespaces"])
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
+            .arg("--cache-dir")
+            .arg(sluice_tests::shared_cache_dir())
+            .arg("--oci-cache-dir")
+            .arg(scratch.path().join("oci"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting sluice");
+        let gateway =
+            AllNamespacesGateway { child, listen, log, client: sluice_tests::Client::http1(), _scratch: scratch };
+        eventually("the gateway to be ready", WAIT, async || {
+            let request = hyper::Request::get(format!("http://{admin}/readyz")).body(sluice_tests::empty()).unwrap();
+            gateway.client.try_send(request).await.is_ok_and(|reply| reply.status == 200).then_some(())
+        })
+        .await;
+        gateway
+    }
+
+    /// Which upstream model served `model` (the backends rewrite it), if any did.
+    async fn served_by(&self, model: &str) -> Option<String> {
+        let url = format!("http://{}/v1/chat/completions", self.listen);
+        let reply = self.client.post(&url, sluice_tests::chat_body(model).to_string(), &[]).await;
+        (reply.status == 200).then(|| reply.echoed()["body"]["model"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+impl Drop for AllNamespacesGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- gateway log ---\n{}--- end ---", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+    }
+}
+
+/// Creation time alone cannot decide a model's owner: a squatter's route in
+/// another namespace would be the oldest as soon as the owner recreated
+/// its own. By default only the gateway's own namespace claims models.
+#[tokio::test]
+async fn a_model_stays_with_its_namespace_when_another_claims_it_and_the_owner_recreates_its_route() {
+    // Its own apiserver: a gateway watching every namespace would write
+    // status on the other tests' resources.
+    let cluster = KubeCluster::start().await;
+    install_crds(&cluster).await;
+    let (owner, squatter) = ("models-owner", "models-squatter");
+    for ns in [owner, squatter] {
+        cluster.kubectl_ok(&["create", "namespace", ns]).await;
+    }
+    let echo = Echo::start().await;
+    let gateway = AllNamespacesGateway::start(&cluster, owner, &[]).await;
+    let owner_route = route_yaml(owner, "chat", "gpt-owned", &echo.url(), &[], "model: owner-upstream\n");
+    let squatter_route = route_yaml(squatter, "chat", "gpt-owned", &echo.url(), &[], "model: squatter-upstream\n");
+
+    cluster.apply(&owner_route).await;
+    eventually("the owner's route to serve", WAIT, async || {
+        (gateway.served_by("gpt-owned").await.as_deref() == Some("owner-upstream")).then_some(())
+    })
+    .await;
+    cluster.apply(&squatter_route).await;
+    let refused = |r: &Value| condition(r, "Accepted").map(|c| c.0) == Some("False");
+    wait_status(&cluster, squatter, "aimodelroute", "chat", "the squatter's route refused", refused).await;
+    assert_eq!(gateway.served_by("gpt-owned").await.as_deref(), Some("owner-upstream"));
+
+    // The owner deletes its route: the model is not served meanwhile, by
+    // the squatter least of all.
+    cluster.kubectl_ok(&["delete", "aimodelroute", "chat", "-n", owner]).await;
+    let meanwhile = eventually("the owner's route to be gone", WAIT, async || {
+        let served = gateway.served_by("gpt-owned").await;
+        (served.as_deref() != Some("owner-upstream")).then_some(served)
+    })
+    .await;
+    assert_eq!(meanwhile, None, "the model went to another namespace");
+    cluster.apply(&owner_route).await;
+    eventually("the recreated route to serve", WAIT, async || {
+        (gateway.served_by("gpt-owned").await.as_deref() == Some("owner-upstream")).then_some(())
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(gateway.served_by("gpt-owned").await.as_deref(), Some("owner-upstream"));
+    }
+    let route = wait_status(&cluster, squatter, "aimodelroute", "chat", "the squatter's route refused", refused).await;
+    assert_eq!(condition(&route, "Accepted"), Some(("False", "ModelNotPermitted")), "{route:#}");
+    let owners = wait_status(&cluster, owner, "aimodelroute", "chat", "the owner's route Ready", |r| {
+        condition(r, "Ready") == Some(("True", "Loaded"))
+    })
+    .await;
+    assert_eq!(condition(&owners, "Accepted"), Some(("True", "Accepted")));
+}
+
+/// What the operator allows, and nothing else: a directory mounted for
+/// resources and a variable named for routes.
+#[tokio::test]
+async fn files_and_variables_the_operator_allows_may_be_used_and_no_others() {
+    let (cluster, ns) = cluster_with_namespace("host-refs-allowed").await;
+    let echo = Echo::start().await;
+    let mounted = tempfile::tempdir().unwrap();
+    std::fs::write(mounted.path().join("key"), "sk-mounted").unwrap();
+    std::fs::copy(plugin_wasm("add-header"), mounted.path().join("add-header.wasm")).unwrap();
+    let dir = mounted.path().to_str().unwrap();
+    let options = Options {
+        env: vec![
+            ("SLUICE_E2E_ALLOWED".into(), "sk-allowed-env".into()),
+            ("SLUICE_E2E_OTHER".into(), "sk-other".into()),
+        ],
+        args: ["--allow-host-files-under", dir, "--allow-host-env", "SLUICE_E2E_ALLOWED"].map(String::from).to_vec(),
+        ..Options::default()
+    };
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", options).await;
+
+    let mounted_plugin =
+        format!("source:\n  file: {dir}/add-header.wasm\nconfig:\n  header: x-team\n  value: mounted\n");
+    cluster.apply(&plugin_yaml(&ns, "mounted", &mounted_plugin)).await;
+    let by_file = format!("apiKeyFile: {dir}/key\n");
+    cluster.apply(&route_yaml(&ns, "by-file", "gpt-by-file", &echo.url(), &["mounted"], &by_file)).await;
+    cluster.apply(&route_yaml(&ns, "by-env", "gpt-by-env", &echo.url(), &[], "apiKeyEnv: SLUICE_E2E_ALLOWED\n")).await;
+    let (file, env) = eventually("the allowed file and variable to be used", WAIT, async || {
+        let file = gateway.chat("gpt-by-file", &[]).await;
+        let env = gateway.chat("gpt-by-env", &[]).await;
+        (file.status == 200 && env.status == 200).then(|| (file.echoed(), env.echoed()))
+    })
+    .await;
+    assert_eq!(file["headers"]["authorization"], "Bearer sk-mounted");
+    assert_eq!(file["headers"]["x-team"], "mounted");
+    assert_eq!(env["headers"]["authorization"], "Bearer sk-allowed-env");
+
+    // Outside the directory, or another variable: refused.
+    let outside = format!("source:\n  file: {}\n", plugin_wasm("add-header").display());
+    cluster.apply(&plugin_yaml(&ns, "outside", &outside)).await;
+    cluster.apply(&route_yaml(&ns, "other-env", "gpt-other", &echo.url(), &[], "apiKeyEnv: SLUICE_E2E_OTHER\n")).await;
+    for (kind, name) in [("gatewayplugin", "outside"), ("aimodelroute", "other-env")] {
+        let object = wait_status(cluster, &ns, kind, name, "a status", |o| condition(o, "Accepted").is_some()).await;
+        assert_eq!(condition(&object, "Accepted"), Some(("False", "NotPermitted")), "{kind} {name}");
+    }
+    assert_eq!(gateway.chat("gpt-other", &[]).await.status, 404);
+}
+
+/// Grants decide which namespace serves a model, whatever the routes' age.
+#[tokio::test]
+async fn model_claims_grant_models_to_namespaces_and_survive_a_recreated_route() {
+    let cluster = KubeCluster::start().await;
+    install_crds(&cluster).await;
+    let namespaces = ["claims-gateway", "claims-a", "claims-b"];
+    for ns in namespaces {
+        cluster.kubectl_ok(&["create", "namespace", ns]).await;
+    }
+    let echo = Echo::start().await;
+    let grants = ["--model-claim", "claims-a=gpt-*", "--model-claim", "claims-b=gpt-b"];
+    let gateway = AllNamespacesGateway::start(&cluster, "claims-gateway", &grants).await;
+    let route = |ns: &str, model: &str| route_yaml(ns, "chat", model, &echo.url(), &[], &format!("model: {ns}\n"));
+
+    // claims-b's route is the older; the grants still give gpt-a to claims-a.
+    cluster.apply(&route("claims-b", "gpt-a")).await;
+    cluster.apply(&route("claims-gateway", "gpt-a")).await;
+    let refused = |r: &Value| condition(r, "Accepted").map(|c| c.0) == Some("False");
+    for ns in ["claims-b", "claims-gateway"] {
+        let status = wait_status(&cluster, ns, "aimodelroute", "chat", "refused", refused).await;
+        assert_eq!(condition(&status, "Accepted"), Some(("False", "ModelNotPermitted")), "{ns}");
+    }
+    assert_eq!(gateway.served_by("gpt-a").await, None);
+    cluster.apply(&route("claims-a", "gpt-a")).await;
+    eventually("claims-a to serve gpt-a", WAIT, async || {
+        (gateway.served_by("gpt-a").await.as_deref() == Some("claims-a")).then_some(())
+    })
+    .await;
+    cluster.kubectl_ok(&["delete", "aimodelroute", "chat", "-n", "claims-a"]).await;
+    cluster.apply(&route("claims-a", "gpt-a")).await;
+    eventually("the recreated route to serve gpt-a", WAIT, async || {
+        (gateway.served_by("gpt-a").await.as_deref() == Some("claims-a")).then_some(())
+    })
+    .await;
+
+    // The exact grant is more specific than claims-a's prefix.
+    cluster.apply(&route("claims-b", "gpt-b")).await;
+    eventually("claims-b to serve gpt-b", WAIT, async || {
+        (gateway.served_by("gpt-b").await.as_deref() == Some("claims-b")).then_some(())
+    })
+    .await;
 }

@@ -149,7 +149,13 @@ pub struct PluginSourceSpec {
     pub pull_secret_ref: Option<LocalObjectReference>,
     /// A path to a `.wasm` component. In standalone mode a relative path
     /// resolves against the directory of the YAML file that declares it.
+    /// In Kubernetes it is a file on a volume mounted into the gateway, by
+    /// absolute path, and only in a directory the gateway's operator allows
+    /// (`--allow-host-files-under`); otherwise use `oci`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // `..` is the gateway's to refuse: `contains` on a string of unbounded
+    // length costs more than a CRD's CEL budget.
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("source.file must be an absolute path in Kubernetes"))]
     pub file: Option<String>,
 }
 

@@ -29,7 +29,11 @@ use crate::{ReplicaStatus, SecretKeySelector};
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AIModelRouteSpec {
-    /// Model names this route serves, matched exactly against the request's `model`.
+    /// Model names this route serves, matched exactly against the request's
+    /// `model`. A namespace may claim only the models the gateway grants it
+    /// (`--model-claim`; by default the gateway's own namespace claims every
+    /// model, and no other namespace any), and of two routes claiming one
+    /// model the older serves it.
     #[schemars(length(min = 1))]
     pub models: Vec<String>,
     /// OpenAI-compatible upstreams, tried in turn; a backend that cannot be
@@ -57,12 +61,20 @@ pub struct BackendSpec {
     /// Model name sent upstream in place of the client's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Environment variable holding the backend's API key (standalone mode),
-    /// sent as `Authorization: Bearer`.
+    /// Environment variable of the gateway holding the backend's API key,
+    /// sent as `Authorization: Bearer`. For standalone mode: in Kubernetes
+    /// only the variables the gateway's operator allows
+    /// (`--allow-host-env`) are accepted; use `apiKeySecretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
-    /// File holding the backend's API key (standalone mode), relative to the YAML file.
+    /// File holding the backend's API key, relative to the YAML file. For
+    /// standalone mode: in Kubernetes only an absolute path in a directory
+    /// the gateway's operator allows (`--allow-host-files-under`) is
+    /// accepted; use `apiKeySecretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // `..` is the gateway's to refuse: `contains` on a string of unbounded
+    // length costs more than a CRD's CEL budget.
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("apiKeyFile must be an absolute path in Kubernetes"))]
     pub api_key_file: Option<String>,
     /// Secret key holding the backend's API key (Kubernetes), in the
     /// route's namespace. A rotated Secret is picked up without a restart.
@@ -85,7 +97,8 @@ pub struct AIModelRouteStatus {
     /// The `metadata.generation` these conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Accepted` (valid, and no model taken by an older route),
+    /// `Accepted` (valid, its models granted to its namespace, and none
+    /// taken by an older route),
     /// `ResolvedRefs` (its plugins and Secrets exist) and `Ready` (every
     /// gateway replica serves this generation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -21,7 +21,7 @@ use sluice_api::{AIModelRoute, GatewayPlugin};
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
 use tokio::sync::watch;
 
-use crate::translate;
+use crate::{Tenancy, translate};
 
 /// What the watches hold, shared with the status controllers.
 #[derive(Clone)]
@@ -70,16 +70,17 @@ struct Change {
 pub struct Feed {
     pub stores: Stores,
     changes: BoxStream<'static, Change>,
+    tenancy: Arc<Tenancy>,
 }
 
 impl Feed {
     /// Starts nothing yet: the watches run while [`Feed::run`] polls them.
-    pub fn new(client: &Client, namespace: Option<&str>) -> Feed {
+    pub fn new(client: &Client, namespace: Option<&str>, tenancy: Arc<Tenancy>) -> Feed {
         let (plugins, plugin_changes) = reflect::<GatewayPlugin>(api(client, namespace), Kind::Plugins);
         let (routes, route_changes) = reflect::<AIModelRoute>(api(client, namespace), Kind::Routes);
         let (secrets, secret_changes) = reflect::<Secret>(api(client, namespace), Kind::Secrets);
         let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
-        Feed { stores: Stores { plugins, routes, secrets }, changes }
+        Feed { stores: Stores { plugins, routes, secrets }, changes, tenancy }
     }
 
     /// Publishes the desired config once every watch has listed, then after
@@ -93,7 +94,7 @@ impl Feed {
         changed: watch::Sender<u64>,
     ) {
         let mut listed = [false; 3];
-        let mut translator = Translator::default();
+        let mut translator = Translator::new(self.tenancy.clone());
         loop {
             let change = tokio::select! {
                 change = self.changes.next() => change,
@@ -177,8 +178,8 @@ fn changes<K: Resource>(
 /// Turns the watches' contents into desired configs, keeping each
 /// resource's last good declaration: a resource whose new generation is
 /// invalid or refers to something missing goes on being served as it was.
-#[derive(Default)]
 struct Translator {
+    tenancy: Arc<Tenancy>,
     revision: u64,
     plugins: HashMap<ResourceKey, (i64, PluginDecl)>,
     routes: HashMap<ResourceKey, (i64, RouteDecl)>,
@@ -186,6 +187,10 @@ struct Translator {
 }
 
 impl Translator {
+    fn new(tenancy: Arc<Tenancy>) -> Translator {
+        Translator { tenancy, revision: 0, plugins: HashMap::new(), routes: HashMap::new(), last: None }
+    }
+
     /// The next desired config, or `None` if nothing the data plane sees has changed.
     fn next(&mut self, stores: &Stores) -> Option<(DesiredConfig, Generations)> {
         let mut generations = Generations::default();
@@ -194,7 +199,7 @@ impl Translator {
         for object in &plugin_objects {
             let key = object.key();
             present.insert(key.clone(), ());
-            if let Ok(decl) = translate::plugin(object, &stores.secrets) {
+            if let Ok(decl) = translate::plugin(object, &stores.secrets, &self.tenancy) {
                 self.plugins.insert(key, (generation(object.meta()), decl));
             }
         }
@@ -211,7 +216,7 @@ impl Translator {
             let key = object.key();
             present.insert(key.clone(), object.clone());
             let exists = |plugin: &ResourceKey| self.plugins.contains_key(plugin);
-            if let Ok(decl) = translate::route(object, &stores.secrets, exists) {
+            if let Ok(decl) = translate::route(object, &stores.secrets, &self.tenancy, exists) {
                 self.routes.insert(key, (generation(object.meta()), decl));
             }
         }

@@ -12,6 +12,7 @@ mod feed;
 mod leader;
 mod replica;
 mod status;
+mod tenancy;
 mod translate;
 
 use std::future::Future;
@@ -23,6 +24,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use sluice_core::{ConfigUpdate, LoadReport};
 use tokio::sync::watch;
 
+pub use tenancy::{ModelClaim, Tenancy};
 pub use translate::set_pointer;
 
 /// The leader Lease's name, in the lease namespace.
@@ -54,6 +56,11 @@ pub struct Options {
     pub lease_namespace: String,
     /// This replica's identity (its pod name).
     pub replica: String,
+    /// What resources may ask of the gateway beyond their namespace's own
+    /// objects: its files and environment variables, and model names. The
+    /// default lends nothing and lets only the gateway's own namespace
+    /// claim models: safe for a cluster shared by tenants.
+    pub tenancy: Tenancy,
 }
 
 /// Runs until `shutdown`, then gives up the lead and withdraws this
@@ -65,7 +72,10 @@ pub async fn run(
     reports: watch::Receiver<Arc<LoadReport>>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let feed = feed::Feed::new(&client, options.namespace.as_deref());
+    // The gateway's own namespace claims every model unless the operator grants otherwise.
+    let own_namespace = options.namespace.as_deref().unwrap_or(&options.lease_namespace);
+    let tenancy = Arc::new(options.tenancy.clone().resolved(own_namespace));
+    let feed = feed::Feed::new(&client, options.namespace.as_deref(), tenancy.clone());
     let stores = feed.stores.clone();
     let published = Arc::new(Mutex::new(feed::Published::default()));
     let (changed_tx, changed_rx) = watch::channel(0u64);
@@ -115,6 +125,7 @@ pub async fn run(
                     options.lease_namespace.clone(),
                     stores.clone(),
                     recorder.clone(),
+                    tenancy.clone(),
                     changed_rx.clone(),
                 )));
             }

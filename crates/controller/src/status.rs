@@ -19,12 +19,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, ReplicaStatus};
+use sluice_core::reason;
 use tokio::sync::watch;
 
-use crate::Error;
 use crate::feed::{Stores, api, generation};
 use crate::replica::{self, Entry, ReplicaReport};
 use crate::translate::{self, Problem};
+use crate::{Error, Tenancy};
 
 pub const FIELD_MANAGER: &str = "sluice-gateway";
 /// Re-check even with no event: a replica whose Lease expires changes `loaded`.
@@ -35,6 +36,7 @@ pub struct Context {
     pub stores: Stores,
     pub replicas: Store<Lease>,
     pub recorder: Recorder,
+    pub tenancy: Arc<Tenancy>,
     /// Consecutive failures per object, for the error backoff.
     pub failures: Mutex<HashMap<String, u32>>,
 }
@@ -48,6 +50,7 @@ pub async fn run(
     lease_namespace: String,
     stores: Stores,
     recorder: Recorder,
+    tenancy: Arc<Tenancy>,
     changed: watch::Receiver<u64>,
 ) {
     // Replica reports: every change to one re-reconciles everything.
@@ -81,7 +84,8 @@ pub async fn run(
             let _ = stores.secrets.wait_until_ready().await;
         }
     };
-    let ctx = Arc::new(Context { client: client.clone(), stores, replicas, recorder, failures: Mutex::default() });
+    let ctx =
+        Arc::new(Context { client: client.clone(), stores, replicas, recorder, tenancy, failures: Mutex::default() });
     let plugins = Controller::new(api::<GatewayPlugin>(&client, namespace.as_deref()), watcher::Config::default())
         .reconcile_all_on(ticks(changed.clone()))
         .reconcile_all_on(ticks(reports_rx.clone()))
@@ -132,7 +136,7 @@ fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ct
 async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = plugin.key();
     let generation = generation(&plugin.metadata);
-    let problem = translate::plugin(&plugin, &ctx.stores.secrets).err();
+    let problem = translate::plugin(&plugin, &ctx.stores.secrets, &ctx.tenancy).err();
     let replicas = ctx.live_reports();
     let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation);
     let (conditions, loaded) =
@@ -174,7 +178,7 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
     let plugin_exists = |plugin: &sluice_core::ResourceKey| {
         ctx.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
     };
-    let problem = match translate::route(&route, &ctx.stores.secrets, plugin_exists) {
+    let problem = match translate::route(&route, &ctx.stores.secrets, &ctx.tenancy, plugin_exists) {
         Err(problem) => Some(problem),
         Ok(decl) => {
             // Conflicts are decided over every valid route, as the feed does.
@@ -182,7 +186,9 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
             let decls: Vec<_> = all
                 .iter()
                 .filter(|r| r.key() != key)
-                .filter_map(|r| translate::route(r, &ctx.stores.secrets, plugin_exists).ok().map(|d| (r.as_ref(), d)))
+                .filter_map(|r| {
+                    translate::route(r, &ctx.stores.secrets, &ctx.tenancy, plugin_exists).ok().map(|d| (r.as_ref(), d))
+                })
                 .collect();
             let mut pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
             pairs.push((&*route, &decl));
@@ -243,7 +249,7 @@ impl Context {
             }
         }
         if let Some(note) = swapped {
-            events.push((EventType::Normal, "Swapped".to_string(), note));
+            events.push((EventType::Normal, reason::SWAPPED.to_string(), note));
         }
         let reference = object.object_ref(&());
         for (type_, reason, note) in events {
@@ -274,7 +280,7 @@ fn views<'a>(
             },
             None => ReplicaStatus {
                 name: name.clone(),
-                reason: Some("Pending".into()),
+                reason: Some(reason::PENDING.into()),
                 message: Some("not loaded yet".into()),
                 ..Default::default()
             },
@@ -297,26 +303,26 @@ fn conditions(
     let loaded = format!("{loaded_count}/{}", views.len());
     let accepted = match problem {
         Some(p) if p.condition == translate::Condition::Accepted => ("False", p.reason, p.message.clone()),
-        _ => ("True", "Accepted", "the spec is valid".to_string()),
+        _ => ("True", reason::ACCEPTED, "the spec is valid".to_string()),
     };
     let resolved = match problem {
         Some(p) if p.condition == translate::Condition::ResolvedRefs => ("False", p.reason, p.message.clone()),
-        Some(_) => ("Unknown", "NotChecked", "references are checked once the spec is accepted".to_string()),
-        None => ("True", "ResolvedRefs", "every referenced object exists".to_string()),
+        Some(_) => ("Unknown", reason::NOT_CHECKED, "references are checked once the spec is accepted".to_string()),
+        None => ("True", reason::RESOLVED_REFS, "every referenced object exists".to_string()),
     };
     let failing = views.iter().find(|v| v.generation == Some(generation) && !v.ready);
     let ready: (&str, &str, String) = if let Some(problem) = problem {
         ("False", problem.reason, format!("{}; the last good version (if any) is still served", problem.message))
     } else if let Some(failing) = failing {
         let message = failing.message.clone().unwrap_or_default();
-        let reason = failing.reason.as_deref().unwrap_or("LoadFailed");
+        let reason = failing.reason.as_deref().unwrap_or(reason::LOAD_FAILED);
         ("False", reason, format!("replica {}: {message}", failing.name))
     } else if views.is_empty() {
-        ("Unknown", "NoReplicas", "no gateway replica is reporting".to_string())
+        ("Unknown", reason::NO_REPLICAS, "no gateway replica is reporting".to_string())
     } else if loaded_count == views.len() {
-        ("True", "Loaded", format!("served by {loaded} replicas"))
+        ("True", reason::LOADED, format!("served by {loaded} replicas"))
     } else {
-        ("Unknown", "Progressing", format!("served by {loaded} replicas"))
+        ("Unknown", reason::PROGRESSING, format!("served by {loaded} replicas"))
     };
     let now = Time(Timestamp::now());
     let condition = |type_: &str, (status, reason, message): (&str, &str, String)| {

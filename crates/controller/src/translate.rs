@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use serde_json::Value;
 use sluice_api::{AIModelRoute, GatewayPlugin, SecretKeySelector, ValueFormat};
-use sluice_core::{ApiKeySource, PluginDecl, PluginSource, RegistryCredentials, ResourceKey, RouteDecl};
+use sluice_core::{ApiKeySource, PluginDecl, PluginSource, RegistryCredentials, ResourceKey, RouteDecl, reason};
+
+use crate::Tenancy;
 
 /// Which condition a problem sets to False.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +34,12 @@ pub struct Problem {
 
 impl Problem {
     fn invalid(message: impl Into<String>) -> Self {
-        Problem { condition: Condition::Accepted, reason: "Invalid", message: message.into() }
+        Problem { condition: Condition::Accepted, reason: reason::INVALID, message: message.into() }
+    }
+
+    /// The spec asks for something of the gateway's own that it does not lend.
+    fn not_permitted(message: impl Into<String>) -> Self {
+        Problem { condition: Condition::Accepted, reason: reason::NOT_PERMITTED, message: message.into() }
     }
 
     fn unresolved(reason: &'static str, message: impl Into<String>) -> Self {
@@ -47,13 +54,9 @@ pub trait Secrets {
 
 /// The declaration a GatewayPlugin asks for, with its Secret references
 /// resolved.
-pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets) -> Result<PluginDecl, Problem> {
-    if let Some(file) = &plugin.spec.source.file
-        && !Path::new(file).is_absolute()
-    {
-        return Err(Problem::invalid(format!(
-            "source.file `{file}` must be an absolute path (a volume mounted into the gateway) in Kubernetes"
-        )));
+pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets, tenancy: &Tenancy) -> Result<PluginDecl, Problem> {
+    if let Some(file) = &plugin.spec.source.file {
+        host_file(tenancy, "source.file", file)?;
     }
     let mut decl = plugin.decl(Path::new("/")).map_err(Problem::invalid)?;
     let namespace = decl.key.namespace.clone();
@@ -64,7 +67,7 @@ pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets) -> Result<PluginDe
             ValueFormat::Json => serde_json::from_str(&text).map_err(|e| {
                 // serde_json's message names a position, never the content.
                 Problem::unresolved(
-                    "InvalidSecretValue",
+                    reason::INVALID_SECRET_VALUE,
                     format!(
                         "Secret {}/{} key `{}` is not JSON: {e}",
                         namespace, from.secret_key_ref.name, from.secret_key_ref.key
@@ -89,11 +92,36 @@ pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets) -> Result<PluginDe
 pub fn route(
     route: &AIModelRoute,
     secrets: &impl Secrets,
+    tenancy: &Tenancy,
     plugin_exists: impl Fn(&ResourceKey) -> bool,
 ) -> Result<RouteDecl, Problem> {
+    for backend in &route.spec.backends {
+        if let Some(file) = &backend.api_key_file {
+            host_file(tenancy, "apiKeyFile", file)?;
+        }
+        if let Some(name) = &backend.api_key_env
+            && !tenancy.allows_env(name)
+        {
+            return Err(Problem::not_permitted(format!(
+                "apiKeyEnv `{name}`: this gateway lends a resource no environment variable of its own unless its \
+                 operator allows it (--allow-host-env); use apiKeySecretRef"
+            )));
+        }
+    }
     let mut decl = route.decl(Path::new("/")).map_err(Problem::invalid)?;
+    let namespace = &decl.key.namespace;
+    if let Some(model) = decl.models.iter().find(|model| !tenancy.allows_model(namespace, model)) {
+        return Err(Problem {
+            condition: Condition::Accepted,
+            reason: reason::MODEL_NOT_PERMITTED,
+            message: format!(
+                "namespace `{namespace}` may not claim model `{model}`: the gateway's operator grants models to \
+                 namespaces (--model-claim)"
+            ),
+        });
+    }
     if let Some(missing) = decl.plugins.iter().find(|key| !plugin_exists(key)) {
-        return Err(Problem::unresolved("PluginNotFound", format!("GatewayPlugin {missing} does not exist")));
+        return Err(Problem::unresolved(reason::PLUGIN_NOT_FOUND, format!("GatewayPlugin {missing} does not exist")));
     }
     for (backend, spec) in decl.backends.iter_mut().zip(&route.spec.backends) {
         if let Some(selector) = &spec.api_key_secret_ref {
@@ -102,6 +130,31 @@ pub fn route(
         }
     }
     Ok(decl)
+}
+
+/// A file of the gateway's host may be read for a resource only in a
+/// directory its operator allows: a route's author would otherwise have any
+/// file the gateway can read (its ServiceAccount token) sent to a backend of
+/// their choosing.
+fn host_file(tenancy: &Tenancy, field: &str, file: &str) -> Result<(), Problem> {
+    let path = Path::new(file);
+    if !path.is_absolute() {
+        return Err(Problem::invalid(format!(
+            "{field} `{file}` must be an absolute path (a volume mounted into the gateway) in Kubernetes"
+        )));
+    }
+    if tenancy.allows_file(path) {
+        return Ok(());
+    }
+    Err(Problem::not_permitted(if tenancy.host_file_dirs.is_empty() {
+        format!(
+            "{field} `{file}`: this gateway reads no file of its own for a resource \
+             (its operator may allow a directory with --allow-host-files-under)"
+        )
+    } else {
+        let dirs: Vec<_> = tenancy.host_file_dirs.iter().map(|d| d.display().to_string()).collect();
+        format!("{field} `{file}` is not in a directory this gateway allows ({})", dirs.join(", "))
+    }))
 }
 
 /// Routes that claim a model an older route already claims lose it: they are
@@ -118,7 +171,7 @@ pub fn model_conflicts(routes: &[(&AIModelRoute, &RouteDecl)]) -> HashMap<Resour
                 decl.key.clone(),
                 Problem {
                     condition: Condition::Accepted,
-                    reason: "ModelConflict",
+                    reason: reason::MODEL_CONFLICT,
                     message: format!("model `{model}` is already served by the older AIModelRoute {older}"),
                 },
             );
@@ -133,17 +186,17 @@ pub fn model_conflicts(routes: &[(&AIModelRoute, &RouteDecl)]) -> HashMap<Resour
 
 fn secret_text(secrets: &impl Secrets, namespace: &str, selector: &SecretKeySelector) -> Result<String, Problem> {
     let secret = secrets.get(namespace, &selector.name).ok_or_else(|| {
-        Problem::unresolved("SecretNotFound", format!("Secret {namespace}/{} does not exist", selector.name))
+        Problem::unresolved(reason::SECRET_NOT_FOUND, format!("Secret {namespace}/{} does not exist", selector.name))
     })?;
     let bytes = secret_bytes(&secret, &selector.key).ok_or_else(|| {
         Problem::unresolved(
-            "SecretKeyNotFound",
+            reason::SECRET_KEY_NOT_FOUND,
             format!("Secret {namespace}/{} has no key `{}`", selector.name, selector.key),
         )
     })?;
     String::from_utf8(bytes).map_err(|_| {
         Problem::unresolved(
-            "InvalidSecretValue",
+            reason::INVALID_SECRET_VALUE,
             format!("Secret {namespace}/{} key `{}` is not UTF-8", selector.name, selector.key),
         )
     })
@@ -157,12 +210,15 @@ fn secret_bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
 }
 
 fn pull_credentials(secrets: &impl Secrets, namespace: &str, name: &str) -> Result<RegistryCredentials, Problem> {
-    let secret = secrets
-        .get(namespace, name)
-        .ok_or_else(|| Problem::unresolved("SecretNotFound", format!("Secret {namespace}/{name} does not exist")))?;
+    let secret = secrets.get(namespace, name).ok_or_else(|| {
+        Problem::unresolved(reason::SECRET_NOT_FOUND, format!("Secret {namespace}/{name} does not exist"))
+    })?;
     let text = |key: &str| {
         secret_bytes(&secret, key).and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| {
-            Problem::unresolved("SecretKeyNotFound", format!("Secret {namespace}/{name} has no UTF-8 key `{key}`"))
+            Problem::unresolved(
+                reason::SECRET_KEY_NOT_FOUND,
+                format!("Secret {namespace}/{name} has no UTF-8 key `{key}`"),
+            )
         })
     };
     match secret.type_.as_deref() {
@@ -174,7 +230,7 @@ fn pull_credentials(secrets: &impl Secrets, namespace: &str, name: &str) -> Resu
             password: sluice_core::Secret::new(text("password")?),
         }),
         other => Err(Problem::unresolved(
-            "UnsupportedSecretType",
+            reason::UNSUPPORTED_SECRET_TYPE,
             format!(
                 "pull Secret {namespace}/{name} has type `{}`; use kubernetes.io/dockerconfigjson or kubernetes.io/basic-auth",
                 other.unwrap_or("Opaque")
@@ -270,6 +326,11 @@ mod tests {
         list.iter().map(|s| (("team".to_string(), s.name_any()), s.clone())).collect()
     }
 
+    /// The default grants of a gateway in namespace `team`.
+    fn tenancy() -> Tenancy {
+        Tenancy::default().resolved("team")
+    }
+
     fn gateway_plugin(spec: Value) -> GatewayPlugin {
         serde_json::from_value(json!({
             "apiVersion": "sluice.dev/v1alpha1", "kind": "GatewayPlugin",
@@ -293,7 +354,7 @@ mod tests {
             secret("s", None, &[("hmac", "hunter2"), ("keys", r#"["a","b"]"#)]),
             secret("pull", Some("kubernetes.io/basic-auth"), &[("username", "u"), ("password", "pw")]),
         ]);
-        let decl = super::plugin(&plugin, &store).unwrap();
+        let decl = super::plugin(&plugin, &store, &tenancy()).unwrap();
         assert_eq!(
             decl.config,
             json!({"jwt": {"issuer": "me", "secret": "hunter2"}, "apiKeys": ["a", "b"], "new/key": "hunter2"})
@@ -313,15 +374,17 @@ mod tests {
             "source": {"oci": "r.example/p:1"},
             "configFrom": [{"path": "/k", "secretKeyRef": {"name": "s", "key": "missing"}}]
         }));
-        let problem = super::plugin(&plugin, &secrets(&[])).unwrap_err();
+        let problem = super::plugin(&plugin, &secrets(&[]), &tenancy()).unwrap_err();
         assert_eq!((problem.condition, problem.reason), (Condition::ResolvedRefs, "SecretNotFound"));
-        let problem = super::plugin(&plugin, &secrets(&[secret("s", None, &[("other", "v")])])).unwrap_err();
+        let problem =
+            super::plugin(&plugin, &secrets(&[secret("s", None, &[("other", "v")])]), &tenancy()).unwrap_err();
         assert_eq!(problem.reason, "SecretKeyNotFound");
         let bad_json = gateway_plugin(json!({
             "source": {"oci": "r.example/p:1"},
             "configFrom": [{"path": "/k", "secretKeyRef": {"name": "s", "key": "v"}, "format": "Json"}]
         }));
-        let problem = super::plugin(&bad_json, &secrets(&[secret("s", None, &[("v", "sup3r-secret")])])).unwrap_err();
+        let problem =
+            super::plugin(&bad_json, &secrets(&[secret("s", None, &[("v", "sup3r-secret")])]), &tenancy()).unwrap_err();
         assert_eq!(problem.reason, "InvalidSecretValue");
         assert!(!problem.message.contains("sup3r"), "{}", problem.message);
     }
@@ -329,16 +392,70 @@ mod tests {
     #[test]
     fn pull_secrets_of_other_types_are_refused() {
         let plugin = gateway_plugin(json!({"source": {"oci": "r.example/p:1", "pullSecretRef": {"name": "o"}}}));
-        let problem = super::plugin(&plugin, &secrets(&[secret("o", Some("Opaque"), &[])])).unwrap_err();
+        let problem = super::plugin(&plugin, &secrets(&[secret("o", Some("Opaque"), &[])]), &tenancy()).unwrap_err();
         assert_eq!(problem.reason, "UnsupportedSecretType");
     }
 
     #[test]
-    fn relative_files_are_refused_in_kubernetes() {
-        let plugin = gateway_plugin(json!({"source": {"file": "p.wasm"}}));
-        assert_eq!(super::plugin(&plugin, &secrets(&[])).unwrap_err().condition, Condition::Accepted);
-        let plugin = gateway_plugin(json!({"source": {"file": "/plugins/p.wasm"}}));
-        assert!(super::plugin(&plugin, &secrets(&[])).is_ok());
+    fn plugin_files_are_read_only_under_the_directories_the_gateway_allows() {
+        let file = |path: &str| gateway_plugin(json!({"source": {"file": path}}));
+        let refused = |path: &str, tenancy: &Tenancy| super::plugin(&file(path), &secrets(&[]), tenancy).unwrap_err();
+        let problem = refused("/plugins/p.wasm", &tenancy());
+        assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::NOT_PERMITTED));
+        assert_eq!(refused("/dev/zero", &tenancy()).reason, reason::NOT_PERMITTED);
+
+        let allowed = Tenancy { host_file_dirs: vec!["/plugins".into()], ..tenancy() };
+        let decl = super::plugin(&file("/plugins/p.wasm"), &secrets(&[]), &allowed).unwrap();
+        assert_eq!(decl.source, PluginSource::File("/plugins/p.wasm".into()));
+        assert_eq!(refused("/plugins-2/p.wasm", &allowed).reason, reason::NOT_PERMITTED);
+        assert_eq!(refused("/dev/zero", &allowed).reason, reason::NOT_PERMITTED);
+        assert_eq!(refused("/plugins/../etc/passwd", &allowed).reason, reason::NOT_PERMITTED);
+        assert_eq!(refused("plugins/p.wasm", &allowed).reason, reason::INVALID);
+    }
+
+    fn route_with_backend(backend: Value) -> AIModelRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
+            "metadata": {"name": "r", "namespace": "team"},
+            "spec": {"models": ["m"], "backends": [backend]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn api_keys_come_from_host_files_or_variables_only_where_the_gateway_allows() {
+        let token = route_with_backend(json!({
+            "url": "http://attacker.example/v1",
+            "apiKeyFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        }));
+        let home = route_with_backend(json!({"url": "http://attacker.example/v1", "apiKeyEnv": "HOME"}));
+        for route in [&token, &home] {
+            let problem = super::route(route, &secrets(&[]), &tenancy(), |_| true).unwrap_err();
+            assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::NOT_PERMITTED));
+        }
+
+        let allowed =
+            Tenancy { host_file_dirs: vec!["/keys".into()], host_env_vars: vec!["OPENAI_KEY".into()], ..tenancy() };
+        let refused = super::route(&token, &secrets(&[]), &allowed, |_| true).unwrap_err();
+        assert_eq!(refused.reason, reason::NOT_PERMITTED);
+        assert!(refused.message.contains("/keys"), "{}", refused.message);
+        assert_eq!(super::route(&home, &secrets(&[]), &allowed, |_| true).unwrap_err().reason, reason::NOT_PERMITTED);
+        let by_file = route_with_backend(json!({"url": "http://u.example/v1", "apiKeyFile": "/keys/openai"}));
+        let decl = super::route(&by_file, &secrets(&[]), &allowed, |_| true).unwrap();
+        assert_eq!(decl.backends[0].api_key, Some(ApiKeySource::File("/keys/openai".into())));
+        let by_env = route_with_backend(json!({"url": "http://u.example/v1", "apiKeyEnv": "OPENAI_KEY"}));
+        let decl = super::route(&by_env, &secrets(&[]), &allowed, |_| true).unwrap();
+        assert_eq!(decl.backends[0].api_key, Some(ApiKeySource::Env("OPENAI_KEY".into())));
+    }
+
+    #[test]
+    fn a_route_outside_the_namespaces_granted_a_model_is_refused() {
+        let route = ai_route("r", "2026-01-01T00:00:00Z", &["m"]);
+        assert!(super::route(&route, &secrets(&[]), &tenancy(), |_| true).is_ok());
+        let elsewhere = Tenancy::default().resolved("sluice-system");
+        let problem = super::route(&route, &secrets(&[]), &elsewhere, |_| true).unwrap_err();
+        assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::MODEL_NOT_PERMITTED));
+        assert!(problem.message.contains("`team`") && problem.message.contains("`m`"), "{}", problem.message);
     }
 
     #[test]
@@ -367,12 +484,12 @@ mod tests {
         let older = ai_route("b-older", "2026-01-01T00:00:00Z", &["m1"]);
         let newer = ai_route("a-newer", "2026-02-01T00:00:00Z", &["m2", "m1"]);
         let decls: Vec<_> =
-            [&newer, &older].iter().map(|r| super::route(r, &secrets(&[]), |_| true).unwrap()).collect();
+            [&newer, &older].iter().map(|r| super::route(r, &secrets(&[]), &tenancy(), |_| true).unwrap()).collect();
         let pairs = vec![(&newer, &decls[0]), (&older, &decls[1])];
         let conflicts = model_conflicts(&pairs);
         assert_eq!(conflicts.len(), 1);
         let problem = &conflicts[&ResourceKey::new("team", "a-newer")];
-        assert_eq!(problem.reason, "ModelConflict");
+        assert_eq!(problem.reason, reason::MODEL_CONFLICT);
         assert!(problem.message.contains("team/b-older"), "{}", problem.message);
     }
 
@@ -380,7 +497,7 @@ mod tests {
     fn a_route_naming_a_missing_plugin_is_unresolved() {
         let mut route = ai_route("r", "2026-01-01T00:00:00Z", &["m"]);
         route.spec.plugins = vec![sluice_api::PluginRefSpec { name: "nope".into() }];
-        let problem = super::route(&route, &secrets(&[]), |_| false).unwrap_err();
+        let problem = super::route(&route, &secrets(&[]), &tenancy(), |_| false).unwrap_err();
         assert_eq!(problem.reason, "PluginNotFound");
     }
 }

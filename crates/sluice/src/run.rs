@@ -39,6 +39,36 @@ pub struct RunArgs {
     /// This replica's identity in load reports and Events (the pod name).
     #[arg(long, requires = "kubernetes", env = "POD_NAME")]
     pub replica_name: Option<String>,
+    /// A directory whose files GatewayPlugins (`source.file`) and
+    /// AIModelRoutes (`apiKeyFile`) may name: a volume mounted for them.
+    /// Repeatable. None by default: a resource could otherwise have any file
+    /// the gateway can read (its ServiceAccount token) sent to a backend of
+    /// its choosing.
+    #[arg(
+        long,
+        conflicts_with = "config",
+        value_name = "DIR",
+        env = "SLUICE_ALLOW_HOST_FILES_UNDER",
+        value_delimiter = ','
+    )]
+    pub allow_host_files_under: Vec<PathBuf>,
+    /// An environment variable of the gateway that AIModelRoutes may name
+    /// in `apiKeyEnv`. Repeatable. None by default.
+    #[arg(long, conflicts_with = "config", value_name = "NAME", env = "SLUICE_ALLOW_HOST_ENV", value_delimiter = ',')]
+    pub allow_host_env: Vec<String>,
+    /// NAMESPACE=PATTERN: AIModelRoutes in NAMESPACE may claim the models
+    /// PATTERN matches (a model name, or a prefix followed by `*`); the most
+    /// specific pattern matching a model decides. Repeatable. By default the
+    /// gateway's own namespace (--watch-namespace, else --lease-namespace)
+    /// claims every model and no other namespace any.
+    #[arg(
+        long,
+        conflicts_with = "config",
+        value_name = "NAMESPACE=PATTERN",
+        env = "SLUICE_MODEL_CLAIMS",
+        value_delimiter = ','
+    )]
+    pub model_claim: Vec<sluice_controller::ModelClaim>,
     /// On shutdown, how long to keep accepting requests with /readyz
     /// failing, so load balancers stop routing here first.
     #[arg(long, default_value_t = 0)]
@@ -198,6 +228,11 @@ async fn start_config_source(
         namespace: args.watch_namespace.clone(),
         lease_namespace: args.lease_namespace.clone(),
         replica: args.replica_name.clone().unwrap_or_else(hostname),
+        tenancy: sluice_controller::Tenancy {
+            host_file_dirs: args.allow_host_files_under.clone(),
+            host_env_vars: args.allow_host_env.clone(),
+            model_claims: args.model_claim.clone(),
+        },
     };
     tracing::info!(
         listen = %args.listen,

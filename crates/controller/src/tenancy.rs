@@ -1,0 +1,154 @@
+//! What a resource may ask of the gateway beyond its own namespace's
+//! objects: files and environment variables of the gateway's host, and
+//! model names, which every namespace shares.
+//!
+//! A route chooses its backend URL, so whatever key the gateway sends there
+//! is its author's to read: a file or variable of the gateway's (its
+//! ServiceAccount token) must not be one. And a model is served by one
+//! route, so which namespaces may claim which models is the operator's
+//! decision, as Gateway API leaves to a Gateway's owner which namespaces
+//! may attach routes (`allowedRoutes`, by default the Gateway's own) and
+//! with which hostnames. Age alone cannot decide it: a squatter's route is
+//! the oldest as soon as the owner recreates theirs.
+
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+
+/// The operator's grants to resources. The default grants nothing beyond
+/// the gateway's own namespace claiming every model: safe for a cluster
+/// shared by tenants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tenancy {
+    /// Directories (volumes the operator mounted for it) under which a
+    /// GatewayPlugin's `source.file` and an AIModelRoute's `apiKeyFile` may
+    /// name files. Empty: neither is accepted.
+    pub host_file_dirs: Vec<PathBuf>,
+    /// Environment variables of the gateway an AIModelRoute's `apiKeyEnv`
+    /// may name. Empty: `apiKeyEnv` is not accepted.
+    pub host_env_vars: Vec<String>,
+    /// Which namespaces may claim which models. A model goes to the
+    /// namespaces of its most specific matching grant (an exact name before
+    /// any prefix, a longer prefix before a shorter); the others may not
+    /// claim it. Empty: the gateway's own namespace (the watched one, or
+    /// else the Leases') may claim every model, and no other namespace any.
+    pub model_claims: Vec<ModelClaim>,
+}
+
+/// `NAMESPACE=PATTERN`: AIModelRoutes in `namespace` may claim the models
+/// `pattern` matches: a model name, or a prefix followed by `*` (`*` alone
+/// matches every model).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelClaim {
+    pub namespace: String,
+    pub pattern: String,
+}
+
+impl ModelClaim {
+    pub fn new(namespace: impl Into<String>, pattern: impl Into<String>) -> Self {
+        ModelClaim { namespace: namespace.into(), pattern: pattern.into() }
+    }
+
+    /// How closely the pattern matches `model`, if it does: higher is
+    /// more specific.
+    fn specificity(&self, model: &str) -> Option<usize> {
+        match self.pattern.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix).then_some(prefix.len()),
+            None => (self.pattern == model).then_some(usize::MAX),
+        }
+    }
+}
+
+impl FromStr for ModelClaim {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let Some((namespace, pattern)) = text.split_once('=') else {
+            return Err(format!("`{text}` is not NAMESPACE=PATTERN"));
+        };
+        let label = namespace.len() <= 63
+            && namespace.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !namespace.starts_with('-')
+            && !namespace.ends_with('-');
+        if namespace.is_empty() || !label {
+            return Err(format!("`{namespace}` is not a namespace name"));
+        }
+        if pattern.is_empty() || pattern.trim_end_matches('*').contains('*') || pattern.ends_with("**") {
+            return Err(format!("`{pattern}` is not a model name, or a prefix followed by one `*`"));
+        }
+        Ok(ModelClaim::new(namespace, pattern))
+    }
+}
+
+impl fmt::Display for ModelClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.namespace, self.pattern)
+    }
+}
+
+impl Tenancy {
+    /// With the default model claim filled in: `own_namespace` claims every model.
+    pub(crate) fn resolved(mut self, own_namespace: &str) -> Tenancy {
+        if self.model_claims.is_empty() {
+            self.model_claims = vec![ModelClaim::new(own_namespace, "*")];
+        }
+        self
+    }
+
+    /// `path` (absolute) is in a directory the operator allows.
+    pub(crate) fn allows_file(&self, path: &Path) -> bool {
+        // `/allowed/../etc` starts with `/allowed`, component by component.
+        !path.components().any(|c| c == Component::ParentDir)
+            && self.host_file_dirs.iter().any(|dir| path.starts_with(dir))
+    }
+
+    pub(crate) fn allows_env(&self, name: &str) -> bool {
+        self.host_env_vars.iter().any(|allowed| allowed == name)
+    }
+
+    /// Routes in `namespace` may claim `model`.
+    pub(crate) fn allows_model(&self, namespace: &str, model: &str) -> bool {
+        let best = self.model_claims.iter().filter_map(|c| c.specificity(model)).max();
+        best.is_some() && self.model_claims.iter().any(|c| c.namespace == namespace && c.specificity(model) == best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims(list: &[&str]) -> Tenancy {
+        Tenancy { model_claims: list.iter().map(|c| c.parse().unwrap()).collect(), ..Tenancy::default() }
+    }
+
+    #[test]
+    fn by_default_only_the_gateways_namespace_claims_models() {
+        let tenancy = Tenancy::default().resolved("sluice-system");
+        assert!(tenancy.allows_model("sluice-system", "gpt-4o"));
+        assert!(!tenancy.allows_model("team-a", "gpt-4o"));
+        // Given grants replace the default.
+        let tenancy = claims(&["team-a=gpt-*"]).resolved("sluice-system");
+        assert!(tenancy.allows_model("team-a", "gpt-4o"));
+        assert!(!tenancy.allows_model("sluice-system", "gpt-4o"));
+        assert!(!tenancy.allows_model("team-a", "llama3"));
+    }
+
+    #[test]
+    fn the_most_specific_grant_decides_whose_a_model_is() {
+        let tenancy = claims(&["platform=*", "team-a=gpt-4o*", "team-b=gpt-4o-mini", "team-c=gpt-4o-mini"]);
+        assert!(tenancy.allows_model("team-a", "gpt-4o") && !tenancy.allows_model("platform", "gpt-4o"));
+        assert!(tenancy.allows_model("team-b", "gpt-4o-mini") && tenancy.allows_model("team-c", "gpt-4o-mini"));
+        assert!(!tenancy.allows_model("team-a", "gpt-4o-mini"));
+        assert!(tenancy.allows_model("platform", "llama3") && !tenancy.allows_model("team-a", "llama3"));
+        assert!(!tenancy.allows_model("team-d", "llama3"));
+    }
+
+    #[test]
+    fn claims_are_namespace_equals_pattern() {
+        assert_eq!("team-a=gpt-*".parse(), Ok(ModelClaim::new("team-a", "gpt-*")));
+        assert_eq!("team-a=*".parse::<ModelClaim>().unwrap().to_string(), "team-a=*");
+        for bad in ["team-a", "=gpt", "team-a=", "Team=gpt", "-team=gpt", "team-a=g*t", "team-a=**", "team/a=gpt"] {
+            assert!(bad.parse::<ModelClaim>().is_err(), "{bad}");
+        }
+    }
+}
