@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -125,6 +126,32 @@ fn kubernetes_manifests_refer_to_each_other() {
         let port = &probe.as_ref().unwrap().http_get.as_ref().unwrap().port;
         assert!(matches!(port, IntOrString::String(name) if ports.contains_key(name)), "probe on port {port:?}");
     }
+    // Issue 11.5: the config view stays on loopback, probes get their own
+    // port, and the NetworkPolicy admits the API and probe ports only.
+    let arg = |flag: &str| container.args.iter().flatten().find_map(|a| a.strip_prefix(flag)).map(str::to_string);
+    let admin = arg("--admin=").unwrap_or_else(|| "127.0.0.1:9901".into());
+    assert!(admin.starts_with("127.0.0.1:"), "the admin listener (config view) is on {admin}");
+    let probes = arg("--probes=").expect("--probes is set");
+    let probe_port: i32 = probes.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(ports.get("probes"), Some(&probe_port));
+    assert!(
+        service.ports.iter().flatten().all(|p| p.name.as_deref() == Some("http")),
+        "the Service publishes only http"
+    );
+    let policy: NetworkPolicy = read(one("NetworkPolicy"));
+    let policy = policy.spec.unwrap();
+    selects_pods("the NetworkPolicy", policy.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap());
+    let admitted: BTreeSet<String> = policy
+        .ingress
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.ports.iter().flatten())
+        .map(|p| match p.port.as_ref().unwrap() {
+            IntOrString::String(name) => name.clone(),
+            IntOrString::Int(number) => number.to_string(),
+        })
+        .collect();
+    assert_eq!(admitted, BTreeSet::from(["http".to_string(), "probes".to_string()]));
 
     let account: ServiceAccount = read(one("ServiceAccount"));
     let account = account.metadata.name.unwrap();
@@ -327,6 +354,7 @@ const BUILTINS: &[Builtin] = &[
     builtin::<ClusterRoleBinding>(),
     builtin::<Deployment>(),
     builtin::<PodDisruptionBudget>(),
+    builtin::<NetworkPolicy>(),
     builtin::<CustomResourceDefinition>(),
 ];
 
