@@ -28,9 +28,14 @@ pub fn error_response(error: &ApiError) -> http::Response<Body> {
 /// Reads a whole response body of at most `limit` bytes.
 // A loop rather than `Limited`: its `Into<BoxError>` bound on a body that
 // already has `BoxError` trips rustc's check that the handler future is Send.
-pub async fn collect_limited(mut body: Body, limit: usize) -> Result<Bytes, String> {
+/// Reads a whole body of at most `limit` bytes, each frame within `idle`.
+pub async fn collect_limited(mut body: Body, limit: usize, idle: std::time::Duration) -> Result<Bytes, String> {
     let mut collected = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
+    loop {
+        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+            return Err(format!("nothing arrived for {} s", idle.as_secs()));
+        };
+        let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| e.to_string())?;
         if let Ok(data) = frame.into_data() {
             if collected.len() + data.len() > limit {

@@ -109,7 +109,14 @@ pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Res
             Ok(Step::Continue(_)) => {}
             Ok(Step::Respond(response)) => return Err(response),
             // Auth plugins fail closed (an Open one is refused at load).
-            Err(error) => return Err(error_response(&ApiError::plugin_failed(plugin.name(), error))),
+            Err(error) => {
+                return Err(error_response(
+                    &plugin
+                        .on_failure(error)
+                        .err()
+                        .unwrap_or_else(|| ApiError::internal(format!("auth plugin {} failed open", plugin.name()))),
+                ));
+            }
         }
     }
     Ok(())

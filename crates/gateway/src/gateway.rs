@@ -35,6 +35,14 @@ pub struct Settings {
     pub max_buffered_body_bytes: usize,
     /// A request body must arrive within this long; a 408 otherwise.
     pub request_body_timeout: Duration,
+    /// An upstream that sends nothing for this long, mid-body, is cut off
+    /// (the stream ends with an error), releasing the plugin instances
+    /// waiting on it.
+    pub upstream_idle_timeout: Duration,
+    /// Loading one plugin version (pull, compile, configure) may take this
+    /// long; past it, the plugin is reported (and retried), and the rest of
+    /// the config is applied without waiting for it.
+    pub plugin_load_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -48,6 +56,8 @@ impl Default for Settings {
             max_in_flight: 1024,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             request_body_timeout: Duration::from_secs(30),
+            upstream_idle_timeout: Duration::from_secs(120),
+            plugin_load_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -189,7 +199,9 @@ impl Gateway {
             }
         };
         let previous = self.snapshot.load_full();
-        let (next, build) = snapshot::build(&self.runtime, self.registry.as_ref(), &desired, &previous).await;
+        let load_timeout = self.settings.plugin_load_timeout;
+        let (next, build) =
+            snapshot::build(&self.runtime, self.registry.as_ref(), &desired, &previous, load_timeout).await;
         for error in &build.errors {
             tracing::error!(resource = %error.resource, "{}", error.message);
         }

@@ -162,7 +162,7 @@ async fn proxy(
 
     let upstream = forward(gateway, route, outgoing).await?;
     let exchange = Exchange { started, model, route: route.decl.key.to_string() };
-    response::respond(upstream, exchange, engaged, gateway.settings.max_body_bytes).await
+    response::respond(upstream, exchange, engaged, &gateway.settings).await
 }
 
 /// Reads the whole request body, within the per-request size limit, the

@@ -6,7 +6,7 @@
 //! unwinding the chain.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -19,6 +19,7 @@ use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSu
 
 use crate::body::{Body, BoxError, collect_limited, full};
 use crate::chain::Engaged;
+use crate::gateway::Settings;
 use crate::headers::{apply_edits, drop_not_utf8, strip_hop_by_hop, to_pairs};
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
 
@@ -43,8 +44,9 @@ pub async fn respond(
     upstream: http::Response<Incoming>,
     exchange: Exchange,
     mut engaged: Vec<Engaged>,
-    max_body_bytes: usize,
+    settings: &Settings,
 ) -> Result<http::Response<Body>, ApiError> {
+    let max_body_bytes = settings.max_body_bytes;
     let (mut head, body) = upstream.into_parts();
     strip_hop_by_hop(&mut head.headers);
     // What response plugins cannot see does not reach the client.
@@ -70,7 +72,7 @@ pub async fn respond(
     let mut known_usage = None;
     if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
         // Only a `response-body` hook makes the gateway hold a whole body.
-        let whole = collect_limited(body, max_body_bytes).await.map_err(|error| {
+        let whole = collect_limited(body, max_body_bytes, settings.upstream_idle_timeout).await.map_err(|error| {
             ApiError::upstream_unavailable(format!(
                 "reading the upstream's response for response-body plugins: {error}"
             ))
@@ -84,7 +86,8 @@ pub async fn respond(
     let ended = Ended { exchange, status: head.status.as_u16(), streamed };
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced.
-    Ok(http::Response::from_parts(head, relay(body, ended, engaged, known_usage)))
+    let body = relay(body, ended, engaged, known_usage, settings.upstream_idle_timeout);
+    Ok(http::Response::from_parts(head, body))
 }
 
 /// The body's content coding, unless it is none (`identity`).
@@ -138,7 +141,7 @@ async fn response_body_filters(plugins: &mut [Engaged], mut body: Bytes, limit: 
 /// The body the client receives. It ends the exchange (`response-end`
 /// hooks, the access log) when the upstream's body ends, or when the client
 /// goes away.
-fn relay(upstream: Body, exchange: Ended, plugins: Vec<Engaged>, known_usage: Option<Usage>) -> Body {
+fn relay(upstream: Body, exchange: Ended, plugins: Vec<Engaged>, known_usage: Option<Usage>, idle: Duration) -> Body {
     let chunk_hooks = exchange.streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
         upstream: Some(upstream),
@@ -147,6 +150,7 @@ fn relay(upstream: Body, exchange: Ended, plugins: Vec<Engaged>, known_usage: Op
         chunk_hooks,
         out: VecDeque::new(),
         failed: false,
+        idle,
         tail: Some(Tail { exchange, plugins, usage: known_usage, body_bytes: 0 }),
     };
     let frames = futures_util::stream::unfold(relay, |mut relay| async move {
@@ -172,6 +176,9 @@ struct Relay {
     /// The stream was cut short by a failure, not ended by the upstream or
     /// a plugin.
     failed: bool,
+    /// How long the upstream may send nothing before the exchange is cut:
+    /// a stalled upstream must not hold plugin instances for good.
+    idle: Duration,
 }
 
 struct Tail {
@@ -199,7 +206,14 @@ impl Relay {
                 self.finish(!self.failed).await;
                 return None;
             };
-            match upstream.frame().await {
+            let Ok(frame) = tokio::time::timeout(self.idle, upstream.frame()).await else {
+                self.upstream = None;
+                self.failed = true;
+                self.finish(false).await;
+                let error = format!("the upstream sent nothing for {} s", self.idle.as_secs());
+                return Some(Err(error.into()));
+            };
+            match frame {
                 None => {
                     self.upstream = None;
                     self.end_of_upstream().await;

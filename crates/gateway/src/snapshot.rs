@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use http::HeaderValue;
 use serde::Serialize;
@@ -76,6 +77,10 @@ impl LoadedPlugin {
     /// The failure policy: a failed plugin fails the request (`Closed`) or
     /// is skipped (`Open`).
     pub fn on_failure(&self, error: PluginError) -> Result<(), ApiError> {
+        if let PluginError::Overloaded(_) = error {
+            // The plugin did not run: a 503, never skipped, whatever the policy.
+            return Err(ApiError::overloaded(format!("plugin {} {error}", self.name())));
+        }
         match self.decl.failure_policy {
             FailurePolicy::Closed => Err(ApiError::plugin_failed(self.name(), error)),
             FailurePolicy::Open => {
@@ -142,15 +147,17 @@ impl LoadFailure {
 
 /// Builds the next snapshot. Each resource stands alone: a plugin or route
 /// that fails keeps its last good version from `previous` (if it had one)
-/// and is reported, and the rest is applied.
+/// and is reported, and the rest is applied. Each plugin has `load_timeout`
+/// to load, so one slow registry or plugin cannot hold up the others.
 pub async fn build(
     runtime: &Runtime,
     registry: Option<&Registry>,
     desired: &DesiredConfig,
     previous: &Snapshot,
+    load_timeout: Duration,
 ) -> (Snapshot, BuildReport) {
     let mut report = BuildReport::default();
-    let plugins = build_plugins(runtime, registry, desired, previous, &mut report).await;
+    let plugins = build_plugins(runtime, registry, desired, previous, load_timeout, &mut report).await;
     let built = build_routes(desired, previous, &plugins, &mut report);
     let by_model = index_models(&built);
     let routes = built.into_iter().map(|b| b.route).collect();
@@ -167,9 +174,18 @@ async fn build_plugins(
     registry: Option<&Registry>,
     desired: &DesiredConfig,
     previous: &Snapshot,
+    load_timeout: Duration,
     report: &mut BuildReport,
 ) -> HashMap<ResourceKey, Arc<LoadedPlugin>> {
-    let loads = desired.plugins.iter().map(|decl| load_plugin(runtime, registry, decl, previous));
+    let loads = desired.plugins.iter().map(|decl| async move {
+        match tokio::time::timeout(load_timeout, load_plugin(runtime, registry, decl, previous)).await {
+            Ok(result) => result,
+            Err(_) => Err(LoadFailure {
+                transient: true,
+                ..LoadFailure::permanent(format!("loading took longer than {} s", load_timeout.as_secs()))
+            }),
+        }
+    });
     let loaded = futures_util::future::join_all(loads).await;
     let mut plugins = HashMap::new();
     for (decl, result) in desired.plugins.iter().zip(loaded) {
@@ -300,7 +316,7 @@ async fn load_plugin(
     let configured = module
         .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
         .await
-        .map_err(|e| LoadFailure::permanent(e.to_string()))?;
+        .map_err(|e| LoadFailure { transient: e.is_transient(), ..LoadFailure::permanent(e.to_string()) })?;
     if decl.phase == Phase::Auth && !configured.hooks().contains(Hooks::REQUEST) {
         return Err(LoadFailure {
             reason: reason::INVALID,
@@ -386,7 +402,6 @@ fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
-    use std::time::Duration;
 
     use sluice_core::{BackendDecl, Isolation};
     use sluice_runtime::RuntimeConfig;
@@ -436,7 +451,8 @@ mod tests {
         plugins: Vec<PluginDecl>,
         routes: Vec<RouteDecl>,
     ) -> (Snapshot, BuildReport) {
-        build(runtime, None, &DesiredConfig { revision: 0, plugins, routes }, previous).await
+        let desired = DesiredConfig { revision: 0, plugins, routes };
+        build(runtime, None, &desired, previous, Duration::from_secs(60)).await
     }
 
     fn served_by(snapshot: &Snapshot, model: &str) -> Option<String> {

@@ -4,12 +4,22 @@
 //! deadline and a memory cap, so a misbehaving plugin fails only the request
 //! it is handling. Plugins that are slow to instantiate may opt into
 //! reused instances ([`sluice_core::Isolation::Reused`]).
+//!
+//! A plugin's reach is bounded: each call into the guest has a deadline
+//! (epoch ticks while it runs, a wall-clock timeout while it waits in a host
+//! call), host calls that cost CPU run off the async workers and count
+//! against that deadline, WASI is granted only as far as language runtimes
+//! need it to start, all instances share one memory budget, each plugin has
+//! a concurrency limit, and its log lines are escaped and rate-limited.
 
 mod bindings;
+mod guest_log;
 mod host;
+mod memory;
 mod plugin;
 mod runtime;
 pub mod tokens;
+mod wasi;
 
 pub use bindings::sluice::plugin::types::{
     ChunkAction, DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
@@ -35,6 +45,13 @@ pub enum PluginError {
     /// The plugin asked for an edit HTTP cannot carry (e.g. a header name with a space).
     #[error("returned an invalid edit: {0}")]
     InvalidEdit(String),
+    /// No instance could be had: the plugin's concurrency limit, the
+    /// instance pool or the guest memory budget is used up. The plugin did
+    /// not run, so this is not the plugin's failure: the request should get
+    /// a 503, whatever the failure policy (an `Open` plugin must not be
+    /// skipped because the gateway is busy).
+    #[error("is at capacity: {0}")]
+    Overloaded(String),
 }
 
 /// A plugin version could not be made ready to serve.
@@ -48,6 +65,13 @@ pub enum LoadError {
     Incompatible(String),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+}
+
+impl LoadError {
+    /// Whether loading again later may succeed: the runtime was at capacity.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LoadError::Plugin(PluginError::Overloaded(_)))
+    }
 }
 
 /// `sha256:<hex>` of a module's bytes.

@@ -3,19 +3,33 @@ use std::time::{Duration, Instant};
 
 use sluice_core::Isolation;
 
-use wasmtime::{Store, UpdateDeadline};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime::{PoolConcurrencyLimitError, Store, UpdateDeadline};
 
 use crate::bindings::sluice::plugin::types::{
     ChunkAction, Hooks, Request, RequestAction, Response, ResponseAction, ResponseSummary,
 };
 use crate::bindings::{Plugin, PluginPre};
-use crate::host::PluginState;
+use crate::guest_log::RateLimit;
+use crate::host::TokenCounter;
+use crate::host::{DeadlineExceeded, PluginState};
+use crate::memory::GuestMemory;
+use crate::memory::Refused;
 use crate::{LoadError, PluginError};
 
 /// A compiled component, ready to instantiate cheaply.
+/// What every plugin of a runtime shares.
+pub(crate) struct Shared {
+    pub memory: Arc<GuestMemory>,
+    pub tokens: TokenCounter,
+    pub max_instances_per_plugin: usize,
+    pub log_lines_per_second: u32,
+}
+
 pub struct PluginModule {
     digest: String,
     pre: PluginPre<PluginState>,
+    shared: Arc<Shared>,
 }
 
 /// Per-plugin limits, from the GatewayPlugin spec.
@@ -27,8 +41,8 @@ pub struct Limits {
 }
 
 impl PluginModule {
-    pub(crate) fn new(digest: String, pre: PluginPre<PluginState>) -> Self {
-        Self { digest, pre }
+    pub(crate) fn new(digest: String, pre: PluginPre<PluginState>, shared: Arc<Shared>) -> Self {
+        Self { digest, pre, shared }
     }
 
     /// `sha256:<hex>`.
@@ -37,7 +51,8 @@ impl PluginModule {
     }
 
     /// Validates `config` by running the plugin's `configure` once on a
-    /// fresh instance. The result is what a snapshot serves.
+    /// fresh instance. The result is what a snapshot serves. Instantiating
+    /// and configuring take at most `limits.timeout`, in wall-clock time.
     pub async fn configure(
         self: &Arc<Self>,
         name: &str,
@@ -53,6 +68,8 @@ impl PluginModule {
             hooks: Hooks::empty(),
             isolation,
             idle: Arc::new(Mutex::new(Vec::new())),
+            busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
+            log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
         let (live, hooks) = plugin.instantiate_live().await?;
         plugin.hooks = hooks;
@@ -75,6 +92,10 @@ pub struct ConfiguredPlugin {
     isolation: Isolation,
     /// Idle instances of a `Reused` plugin, most recently used last.
     idle: Arc<Mutex<Vec<Live>>>,
+    /// One permit per instance serving a request.
+    busy: Arc<Semaphore>,
+    /// Shared by all its instances.
+    log_rate: Arc<RateLimit>,
 }
 
 /// A configured instance and the store it lives in.
@@ -101,8 +122,16 @@ impl ConfiguredPlugin {
     }
 
     /// An instance for one request: a fresh one, or with `Reused`, an idle
-    /// one if there is any.
+    /// one if there is any. [`PluginError::Overloaded`] at once if the
+    /// plugin already has its most instances at work, or none can be made
+    /// (pool or memory budget used up).
     pub async fn instance(&self) -> Result<PluginInstance, PluginError> {
+        let permit = self.busy.clone().try_acquire_owned().map_err(|_| {
+            PluginError::Overloaded(format!(
+                "{} instances of this plugin are in use",
+                self.module.shared.max_instances_per_plugin
+            ))
+        })?;
         let home = match self.isolation {
             Isolation::PerRequest => None,
             Isolation::Reused { max_idle } => Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize }),
@@ -112,13 +141,20 @@ impl ConfiguredPlugin {
             Some(live) => live,
             None => self.instantiate_live().await?.0,
         };
-        Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false })
+        Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false, _permit: permit })
     }
 
     /// A fresh, configured instance in a store of its own.
     async fn instantiate_live(&self) -> Result<(Live, Hooks), PluginError> {
-        let mut store =
-            Store::new(self.module.pre.engine(), PluginState::new(self.name.clone(), self.limits.max_memory_bytes));
+        let shared = &self.module.shared;
+        let state = PluginState::new(
+            self.name.clone(),
+            self.limits.max_memory_bytes,
+            shared.memory.clone(),
+            self.log_rate.clone(),
+            shared.tokens.clone(),
+        );
+        let mut store = Store::new(self.module.pre.engine(), state);
         store.limiter(|state| &mut state.memory);
         // Every epoch tick past the deadline's start, yield to tokio so a
         // busy guest cannot hog a worker thread; once the deadline has
@@ -131,14 +167,14 @@ impl ConfiguredPlugin {
             }
         });
         let timeout = self.limits.timeout;
-        arm(&mut store, timeout);
-        let bindings = self.module.pre.instantiate_async(&mut store).await.map_err(|e| classify(&store, e, timeout))?;
-        let hooks = bindings
-            .sluice_plugin_filter()
-            .call_configure(&mut store, &self.config)
-            .await
-            .map_err(|e| classify(&store, e, timeout))?
-            .map_err(PluginError::ConfigRejected)?;
+        let deadline = arm(&mut store, timeout);
+        let start = async {
+            let bindings = self.module.pre.instantiate_async(&mut store).await?;
+            let hooks = bindings.sluice_plugin_filter().call_configure(&mut store, &self.config).await?;
+            Ok((bindings, hooks))
+        };
+        let (bindings, hooks) = within(deadline, start).await.map_err(|e| classify(&store, e, timeout))?;
+        let hooks = hooks.map_err(PluginError::ConfigRejected)?;
         Ok((Live { store, bindings }, hooks))
     }
 }
@@ -158,6 +194,8 @@ pub struct PluginInstance {
     /// A call failed, or was abandoned midway (the request future was
     /// dropped): the guest's state is unknown, so it is never reused.
     tainted: bool,
+    /// Counts this instance against its plugin's concurrency limit.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl PluginInstance {
@@ -188,9 +226,11 @@ impl PluginInstance {
         let Some(live) = &mut self.live else {
             return Err(PluginError::Trap("the instance was already released".into()));
         };
-        arm(&mut live.store, self.timeout);
+        let deadline = arm(&mut live.store, self.timeout);
         self.tainted = true;
-        let result = call(&live.bindings, &mut live.store).await.map_err(|e| classify(&live.store, e, self.timeout));
+        let result = within(deadline, call(&live.bindings, &mut live.store))
+            .await
+            .map_err(|e| classify(&live.store, e, self.timeout));
         self.tainted = result.is_err();
         result
     }
@@ -210,36 +250,176 @@ impl Drop for PluginInstance {
     }
 }
 
-#[derive(Debug)]
-struct DeadlineExceeded;
+/// Starts the deadline for the next call into the guest, and returns it.
+fn arm(store: &mut Store<PluginState>, timeout: Duration) -> Instant {
+    let deadline = Instant::now() + timeout;
+    let state = store.data_mut();
+    state.deadline = deadline;
+    state.memory.refused = None;
+    store.set_epoch_deadline(1);
+    deadline
+}
 
-impl std::fmt::Display for DeadlineExceeded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("deadline exceeded")
+/// Runs a call into the guest until `deadline` in wall-clock time. The
+/// epoch deadline stops guest code that runs; this stops a call that waits
+/// in the host. The abandoned call leaves its instance in an unknown state:
+/// the caller discards it.
+async fn within<T>(deadline: Instant, call: impl Future<Output = wasmtime::Result<T>>) -> wasmtime::Result<T> {
+    match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
+        Ok(result) => result,
+        Err(_) => Err(wasmtime::Error::new(DeadlineExceeded)),
     }
 }
 
-impl std::error::Error for DeadlineExceeded {}
-
-/// Starts the deadline for the next call into the guest.
-fn arm(store: &mut Store<PluginState>, timeout: Duration) {
-    let state = store.data_mut();
-    state.deadline = Instant::now() + timeout;
-    state.memory.hit = false;
-    store.set_epoch_deadline(1);
-}
-
 fn classify(store: &Store<PluginState>, error: wasmtime::Error, timeout: Duration) -> PluginError {
+    let memory = &store.data().memory;
     if error.downcast_ref::<DeadlineExceeded>().is_some() {
         PluginError::Timeout(timeout)
-    } else if store.data().memory.hit {
-        PluginError::MemoryLimit(store.data().memory.max_bytes)
+    } else if memory.refused == Some(Refused::Plugin) {
+        PluginError::MemoryLimit(memory.max_bytes)
+    } else if memory.refused == Some(Refused::Budget) {
+        PluginError::Overloaded("the memory all plugin instances may hold together is in use".into())
+    } else if let Some(pool) = error.chain().find_map(|e| e.downcast_ref::<PoolConcurrencyLimitError>()) {
+        PluginError::Overloaded(format!("plugin instance pool: {pool}"))
     } else {
         // The client gets the trap's cause; the wasm backtrace goes to the log.
         tracing::debug!(plugin = &*store.data().plugin, error = format!("{error:?}"), "plugin trapped");
         match error.downcast_ref::<wasmtime::Trap>() {
             Some(trap) => PluginError::Trap(trap.to_string()),
-            None => PluginError::Trap(error.to_string()),
+            // A host function's error, under the wasm backtrace.
+            None => PluginError::Trap(error.root_cause().to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{Runtime, RuntimeConfig};
+
+    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
+    fn wasm(name: &str) -> Vec<u8> {
+        let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+    }
+
+    fn limits(timeout_ms: u64) -> Limits {
+        Limits { timeout: Duration::from_millis(timeout_ms), max_memory_bytes: 64 << 20 }
+    }
+
+    async fn configured(runtime: &Runtime, name: &str, config: serde_json::Value, timeout_ms: u64) -> ConfiguredPlugin {
+        let module = runtime.load(wasm(name), None).await.unwrap();
+        module.configure(name, &config, limits(timeout_ms), Isolation::PerRequest).await.unwrap()
+    }
+
+    fn request(headers: &[(&str, &str)], body: String) -> Request {
+        Request {
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: body.into_bytes(),
+            model: "gpt-4o-mini".into(),
+            route: "default/chat".into(),
+        }
+    }
+
+    /// Finding 2: a count that takes longer than the plugin's deadline
+    /// ends the call at the deadline, as a timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_counting_is_charged_to_the_plugins_deadline() {
+        crate::tokens::warm_up();
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let plugin = configured(&runtime, "hostile", json!({}), 100).await;
+        let letters: String =
+            (0..4_000_000u32).map(|i| char::from(b'a' + (i.wrapping_mul(2_654_435_761) >> 27) as u8 % 26)).collect();
+        let mut instance = plugin.instance().await.unwrap();
+        let started = Instant::now();
+        let result = instance.request_filter(&request(&[("x-hostile", "count")], letters)).await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(PluginError::Timeout(_))), "{result:?}");
+        assert!(took < Duration::from_millis(400), "a 100 ms plugin counted tokens for {took:?}");
+        // A short text is counted.
+        let mut instance = plugin.instance().await.unwrap();
+        let RequestAction::Continue(edits) =
+            instance.request_filter(&request(&[("x-hostile", "count")], "hello world".into())).await.unwrap()
+        else {
+            panic!("the hostile plugin answered");
+        };
+        assert!(edits.set_headers.contains(&("x-hostile-tokens".into(), "2".into())), "{:?}", edits.set_headers);
+    }
+
+    /// Finding 5: sleeping is not granted; a plugin that sleeps fails at
+    /// once instead of waiting outside its deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plugin_cannot_sleep() {
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let module = runtime.load(wasm("hostile"), None).await.unwrap();
+        let started = Instant::now();
+        let config = json!({"sleepInConfigureMs": 10_000});
+        let error = module.configure("sleeper", &config, limits(5_000), Isolation::PerRequest).await.err().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2), "configure slept for {:?}", started.elapsed());
+        assert!(error.to_string().contains("sleeping is not granted"), "{error}");
+
+        let plugin = configured(&runtime, "hostile", json!({}), 5_000).await;
+        let mut instance = plugin.instance().await.unwrap();
+        let started = Instant::now();
+        let result = instance.request_filter(&request(&[("x-hostile", "sleep")], String::new())).await;
+        assert!(matches!(&result, Err(PluginError::Trap(why)) if why.contains("sleeping")), "{result:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "the request slept for {:?}", started.elapsed());
+    }
+
+    /// Finding 5: WASI beyond what language runtimes need to start is not
+    /// linked: a plugin that opens a socket traps (it still loads).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plugin_cannot_use_sockets() {
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let plugin = configured(&runtime, "hostile", json!({}), 5_000).await;
+        let mut instance = plugin.instance().await.unwrap();
+        let result = instance.request_filter(&request(&[("x-hostile", "connect")], String::new())).await;
+        let Err(PluginError::Trap(why)) = &result else {
+            panic!("the plugin used a socket: {result:?}");
+        };
+        assert!(why.starts_with("wasi:sockets/") && why.ends_with("is not granted to plugins"), "{why}");
+    }
+
+    /// Finding 7: a plugin has at most `max_instances_per_plugin` at work;
+    /// past it, `Overloaded` (a 503), not a plugin failure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_plugin_has_a_concurrency_limit() {
+        let config = RuntimeConfig { max_instances: 10, max_instances_per_plugin: 2, ..Default::default() };
+        let runtime = Runtime::new(config).unwrap();
+        let plugin = configured(&runtime, "hostile", json!({}), 1_000).await;
+        let other = configured(&runtime, "add-header", json!({"header": "x", "value": "1"}), 1_000).await;
+        let first = plugin.instance().await.unwrap();
+        let _second = plugin.instance().await.unwrap();
+        let third = plugin.instance().await;
+        assert!(matches!(&third, Err(PluginError::Overloaded(_))), "{:?}", third.err());
+        // Other plugins are not affected; a finished request frees its place.
+        let _other = other.instance().await.unwrap();
+        drop(first);
+        plugin.instance().await.unwrap();
+    }
+
+    /// Finding 7: instances share one memory budget; past it, `Overloaded`,
+    /// and the memory comes back when instances are dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn instances_share_one_memory_budget() {
+        let config = RuntimeConfig { max_instances: 50, max_guest_memory_bytes: 8 << 20, ..Default::default() };
+        let runtime = Runtime::new(config).unwrap();
+        let plugin = configured(&runtime, "hostile", json!({}), 1_000).await;
+        let mut held = Vec::new();
+        let error = loop {
+            match plugin.instance().await {
+                Ok(instance) => held.push(instance),
+                Err(error) => break error,
+            }
+            assert!(held.len() < 50, "50 instances fit in 8 MiB");
+        };
+        assert!(matches!(error, PluginError::Overloaded(_)), "{error:?}");
+        assert!(!held.is_empty());
+        held.clear();
+        plugin.instance().await.unwrap();
     }
 }

@@ -8,8 +8,9 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::{Plugin, PluginPre};
-use crate::host::PluginState;
-use crate::plugin::PluginModule;
+use crate::host::{PluginState, TokenCounter};
+use crate::memory::GuestMemory;
+use crate::plugin::{PluginModule, Shared};
 use crate::{LoadError, digest_of};
 
 /// How often the engine's epoch advances; the granularity of plugin
@@ -24,11 +25,35 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// The most linear memory any one plugin may be given.
     pub max_memory_bytes: usize,
+    /// The linear memory all plugin instances may hold together. The
+    /// default fits a 1 GiB container: 384 MiB of guests, next to 256 MiB of
+    /// buffered request bodies (the gateway's default), the two tokenizers,
+    /// compiled plugins and the rest of the process.
+    pub max_guest_memory_bytes: usize,
+    /// Instances of one plugin version alive at once (requests in its hooks,
+    /// and responses it waits on). Past it, and past the pool or the memory
+    /// budget, [`crate::PluginError::Overloaded`].
+    pub max_instances_per_plugin: u32,
+    /// Threads counting tokens at once for plugins, off the async workers.
+    pub token_counting_threads: usize,
+    /// Log lines each plugin may write per second (in bursts of twice
+    /// that); the rest are dropped and counted.
+    pub plugin_log_lines_per_second: u32,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        Self { cache_dir: None, max_instances: 1000, max_memory_bytes: 1 << 30 }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            cache_dir: None,
+            max_instances: 1000,
+            max_memory_bytes: 1 << 30,
+            max_guest_memory_bytes: 384 << 20,
+            max_instances_per_plugin: 256,
+            // Half the cores: the async workers keep the rest.
+            token_counting_threads: (cores / 2).max(1),
+            plugin_log_lines_per_second: 100,
+        }
     }
 }
 
@@ -51,7 +76,10 @@ pub struct Runtime {
 
 struct Inner {
     engine: Engine,
+    /// What every plugin is linked with; each component then gets its own
+    /// copy, restricted to the WASI it is granted (`wasi::restrict`).
     linker: Linker<PluginState>,
+    shared: Arc<Shared>,
     cache_dir: Option<PathBuf>,
     /// Compiled modules by digest, alive while some snapshot uses them, so a
     /// config change that keeps a module does not compile it again.
@@ -71,14 +99,19 @@ impl Runtime {
             .total_stacks(config.max_instances)
             .max_memories_per_component(4)
             .max_tables_per_component(8)
-            .max_memory_size(config.max_memory_bytes);
+            .max_memory_size(config.max_memory_bytes.min(config.max_guest_memory_bytes));
         let mut wasm = Config::new();
         wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(StartError::wasmtime)?;
+        let mut linker = crate::wasi::base_linker(&engine).map_err(StartError::wasmtime)?;
         Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(StartError::wasmtime)?;
+        let shared = Arc::new(Shared {
+            memory: GuestMemory::new(config.max_guest_memory_bytes),
+            tokens: TokenCounter::new(config.token_counting_threads),
+            max_instances_per_plugin: config.max_instances_per_plugin.max(1) as usize,
+            log_lines_per_second: config.plugin_log_lines_per_second,
+        });
 
         spawn_epoch_ticker(&engine);
         if let Some(dir) = &config.cache_dir {
@@ -88,6 +121,7 @@ impl Runtime {
             inner: Arc::new(Inner {
                 engine,
                 linker,
+                shared,
                 cache_dir: config.cache_dir,
                 modules: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(HashMap::new()),
@@ -142,10 +176,10 @@ impl Runtime {
             Some(path) => self.compile_cached(&path, bytes)?,
             None => self.compile_fresh(bytes)?,
         };
-        let pre =
-            self.inner.linker.instantiate_pre(&component).map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
-        let pre = PluginPre::new(pre).map_err(|e| LoadError::Incompatible(format!("{e:#}")))?;
-        let module = Arc::new(PluginModule::new(digest.to_string(), pre));
+        let incompatible = |e: wasmtime::Error| LoadError::Incompatible(format!("{e:#}"));
+        let linker = crate::wasi::restrict(&self.inner.linker, &component).map_err(incompatible)?;
+        let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(incompatible)?).map_err(incompatible)?;
+        let module = Arc::new(PluginModule::new(digest.to_string(), pre, self.inner.shared.clone()));
         let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
         modules.retain(|_, m| m.strong_count() > 0);
         modules.insert(digest.to_string(), Arc::downgrade(&module));

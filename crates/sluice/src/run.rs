@@ -95,6 +95,29 @@ pub struct RunArgs {
     /// Plugin instances alive at once, across all requests.
     #[arg(long, default_value_t = RuntimeConfig::default().max_instances)]
     pub max_plugin_instances: u32,
+    /// Linear memory all plugin instances may hold together, in bytes; past
+    /// it, a request that needs another instance gets a 503. The default
+    /// fits a 1 GiB container next to the request-body budget.
+    #[arg(long, default_value_t = RuntimeConfig::default().max_guest_memory_bytes)]
+    pub max_guest_memory_bytes: usize,
+    /// Instances of one plugin version alive at once; past it, a 503.
+    #[arg(long, default_value_t = RuntimeConfig::default().max_instances_per_plugin)]
+    pub max_instances_per_plugin: u32,
+    /// Threads that count tokens for plugins, off the async workers.
+    #[arg(long, default_value_t = RuntimeConfig::default().token_counting_threads)]
+    pub token_counting_threads: usize,
+    /// Log lines each plugin may write per second; the rest are dropped
+    /// and counted.
+    #[arg(long, default_value_t = RuntimeConfig::default().plugin_log_lines_per_second)]
+    pub plugin_log_lines_per_second: u32,
+    /// Loading one plugin (pull, compile, configure) may take this long;
+    /// past it, it is reported and retried, and the rest of the config is
+    /// applied without it.
+    #[arg(long, default_value_t = Settings::default().plugin_load_timeout.as_secs())]
+    pub plugin_load_timeout_seconds: u64,
+    /// An upstream that sends nothing for this long mid-body is cut off.
+    #[arg(long, default_value_t = Settings::default().upstream_idle_timeout.as_secs())]
+    pub upstream_idle_timeout_seconds: u64,
     /// On shutdown, how long in-flight requests (streams included) may take to finish.
     #[arg(long, default_value_t = 30)]
     pub drain_seconds: u64,
@@ -188,9 +211,16 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
 
 fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
     let cache_dir = args.cache_dir.clone().or_else(|| crate::default_cache_dir("compiled"));
-    let runtime =
-        Runtime::new(RuntimeConfig { cache_dir, max_instances: args.max_plugin_instances, ..Default::default() })
-            .context("starting the plugin runtime")?;
+    let runtime = Runtime::new(RuntimeConfig {
+        cache_dir,
+        max_instances: args.max_plugin_instances,
+        max_guest_memory_bytes: args.max_guest_memory_bytes,
+        max_instances_per_plugin: args.max_instances_per_plugin.max(1),
+        token_counting_threads: args.token_counting_threads.max(1),
+        plugin_log_lines_per_second: args.plugin_log_lines_per_second,
+        ..Default::default()
+    })
+    .context("starting the plugin runtime")?;
     let registry = args.registry.registry().context("setting up the OCI registry client")?;
     let settings = Settings {
         max_body_bytes: args.max_body_bytes,
@@ -206,6 +236,8 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         max_in_flight: args.limits.max_in_flight_requests,
         max_buffered_body_bytes: args.limits.max_buffered_body_bytes,
         request_body_timeout: Duration::from_secs(args.limits.request_body_timeout_seconds.max(1)),
+        upstream_idle_timeout: Duration::from_secs(args.upstream_idle_timeout_seconds.max(1)),
+        plugin_load_timeout: Duration::from_secs(args.plugin_load_timeout_seconds.max(1)),
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)
 }

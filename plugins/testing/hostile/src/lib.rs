@@ -1,0 +1,94 @@
+//! A test plugin that attacks the host from inside the sandbox, so the
+//! runtime's limits can be tested. It uses the raw bindings, like `probe`.
+//!
+//! - config `sleepInConfigureMs: n` sleeps in `configure` (WASI
+//!   monotonic-clock subscribe + poll, what `std::thread::sleep` does);
+//! - config `responseHooks: true` also declares `response-head`, so an
+//!   instance is held until the response is over;
+//! - request header `x-hostile` picks an attack in the request hook:
+//!   `sleep` sleeps for 30 s; `forge` logs a message and fields with
+//!   newlines and escape sequences in them; `flood` logs 10 000 lines;
+//!   `count` counts the tokens of the request body for the request's model;
+//!   `connect` opens a TCP connection to 127.0.0.1:9 (WASI sockets);
+//!   anything else, or none, passes with `x-hostile-seen: 1` added.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
+
+use exports::sluice::plugin::filter::Guest;
+use sluice::plugin::host::{count_tokens, log};
+use sluice::plugin::types::{
+    ChunkAction, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
+    ResponseSummary,
+};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    sleep_in_configure_ms: Option<u64>,
+    #[serde(default)]
+    response_hooks: bool,
+}
+
+struct Hostile;
+
+impl Guest for Hostile {
+    fn configure(config: String) -> Result<Hooks, String> {
+        let config: Config = serde_json::from_str(&config).map_err(|e| format!("hostile: invalid config: {e}"))?;
+        if let Some(ms) = config.sleep_in_configure_ms {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        let mut hooks = Hooks::REQUEST;
+        if config.response_hooks {
+            hooks |= Hooks::RESPONSE_HEAD;
+        }
+        Ok(hooks)
+    }
+
+    fn request_filter(req: Request) -> RequestAction {
+        let attack = req.headers.iter().find(|(name, _)| name == "x-hostile").map(|(_, value)| value.as_str());
+        let mut seen = vec![("x-hostile-seen".to_string(), "1".to_string())];
+        match attack {
+            Some("sleep") => std::thread::sleep(Duration::from_secs(30)),
+            Some("forge") => log(
+                LogLevel::Warn,
+                "hostile: one line\n2030-01-01T00:00:00Z ERROR forged: admin logged in\r\x1b[2K",
+                &[("user\nFORGED".into(), "x\nFORGED-FIELD".into()), ("ok".into(), "plain".into())],
+            ),
+            Some("flood") => {
+                for i in 0..10_000 {
+                    log(LogLevel::Info, &format!("hostile: flood {i}"), &[]);
+                }
+            }
+            Some("connect") => {
+                let result = std::net::TcpStream::connect("127.0.0.1:9").map(drop);
+                seen.push(("x-hostile-connect".into(), format!("{result:?}")));
+            }
+            Some("count") => {
+                let text = String::from_utf8_lossy(&req.body);
+                seen.push(("x-hostile-tokens".into(), count_tokens(&req.model, &text).to_string()));
+            }
+            _ => {}
+        }
+        RequestAction::Continue(RequestEdits { set_headers: seen, remove_headers: vec![], body: None })
+    }
+
+    fn response_filter(_resp: Response) -> ResponseAction {
+        ResponseAction::Continue(ResponseEdits { set_headers: vec![], remove_headers: vec![] })
+    }
+
+    fn response_chunk(_data: String) -> ChunkAction {
+        ChunkAction::Pass
+    }
+
+    fn response_body(_body: Vec<u8>) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn response_end(_summary: ResponseSummary) {}
+}
+
+export!(Hostile);
