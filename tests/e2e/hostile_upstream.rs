@@ -193,3 +193,35 @@ async fn raw_exchange(addr: &str, request: &[u8]) -> String {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut response)).await;
     String::from_utf8_lossy(&response).into_owned()
 }
+
+/// Finding 7: an upstream that stalls mid-stream is cut off after
+/// `--upstream-idle-timeout-seconds`, releasing the plugin instances that
+/// wait on its body, instead of holding them for as long as it likes.
+#[tokio::test]
+async fn an_upstream_that_stalls_mid_stream_is_cut_off() {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    // A response-chunk hook keeps the plugin's instance for the whole stream.
+    dir.write("plugins.yaml", &Plugin::new("probe", "probe").config(json!({"upper": true})).yaml());
+    dir.write("routes.yaml", &Route::new("chat", &["m"], &echo.url()).plugins(&["probe"]).yaml());
+    let options = sluice_tests::Options {
+        args: vec!["--upstream-idle-timeout-seconds".into(), "1".into()],
+        ..Default::default()
+    };
+    let gateway = Gateway::start_with(&dir, options).await;
+    let addr = gateway.url("").trim_start_matches("http://").to_string();
+    let mut body = sluice_tests::chat_body("m");
+    body["stream"] = true.into();
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-echo-chunks: 3\r\nx-echo-chunk-delay-ms: 4000\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    let response = raw_exchange(&addr, request.as_bytes()).await;
+    let took = started.elapsed();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(!response.contains("[DONE]"), "the stalled stream ran to its end: {response}");
+    assert!(took < std::time::Duration::from_secs(4), "cut off after {took:?}, not after the 1 s idle timeout");
+}
