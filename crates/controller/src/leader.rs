@@ -23,6 +23,9 @@ pub struct Elector {
     duration: Duration,
     /// The Lease as last seen (its resourceVersion) and when it was seen to change.
     observed: Option<(String, Instant)>,
+    /// When the last successful take or renewal began: the other replicas
+    /// count the lease duration from no earlier than that.
+    renewed_at: Option<Instant>,
 }
 
 impl Elector {
@@ -33,11 +36,22 @@ impl Elector {
             identity: identity.to_string(),
             duration,
             observed: None,
+            renewed_at: None,
         }
+    }
+
+    /// Until when this replica may act as the leader: `renew_deadline`
+    /// (shorter than the lease duration, as client-go's renewDeadline) after
+    /// its last successful renewal began. Past it, it must stop writing even
+    /// if it cannot reach the API server to learn that another replica has
+    /// taken over.
+    pub fn term_ends(&self, renew_deadline: Duration) -> Option<Instant> {
+        self.renewed_at.map(|at| at + renew_deadline)
     }
 
     /// Takes or renews the Lease; whether this replica leads now.
     pub async fn try_lead(&mut self) -> Result<bool, kube::Error> {
+        let started = Instant::now();
         let now = MicroTime(Timestamp::now());
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
@@ -51,7 +65,7 @@ impl Elector {
                     ..Default::default()
                 }),
             };
-            return self.write(self.api.create(&PostParams::default(), &lease).await);
+            return self.write(self.api.create(&PostParams::default(), &lease).await, started);
         };
         let version = lease.metadata.resource_version.clone().unwrap_or_default();
         let seen_change = match &self.observed {
@@ -74,13 +88,14 @@ impl Elector {
         spec.lease_duration_seconds = Some(self.duration.as_secs() as i32);
         spec.renew_time = Some(now);
         // `replace` sends the resourceVersion read above: a concurrent writer makes it fail with 409.
-        self.write(self.api.replace(&self.name, &PostParams::default(), &lease).await)
+        self.write(self.api.replace(&self.name, &PostParams::default(), &lease).await, started)
     }
 
-    fn write(&mut self, result: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+    fn write(&mut self, result: Result<Lease, kube::Error>, started: Instant) -> Result<bool, kube::Error> {
         match result {
             Ok(lease) => {
                 self.observed = Some((lease.metadata.resource_version.unwrap_or_default(), Instant::now()));
+                self.renewed_at = Some(started);
                 Ok(true)
             }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),

@@ -31,6 +31,10 @@ pub use translate::set_pointer;
 pub const LEADER_LEASE: &str = "sluice-gateway-leader";
 const LEADER_LEASE_DURATION: Duration = Duration::from_secs(15);
 const LEADER_RENEW_EVERY: Duration = Duration::from_secs(4);
+/// A leader stops writing status this long after its last successful
+/// renewal began, whether or not it can reach the API server: well before
+/// the others may see the Lease as expired (client-go: 10 s of 15).
+const LEADER_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -108,11 +112,22 @@ pub async fn run(
     let mut leading: Option<tokio::task::JoinHandle<()>> = None;
     tokio::pin!(shutdown);
     loop {
-        let lead = match elector.try_lead().await {
-            Ok(lead) => lead,
-            Err(error) => {
+        // A renewal that hangs (the API server unreachable, a partition) is
+        // given up when the term ends, and so is the lead with it.
+        let term_ends = match &leading {
+            Some(_) => elector.term_ends(LEADER_RENEW_DEADLINE),
+            None => None,
+        }
+        .unwrap_or_else(|| std::time::Instant::now() + LEADER_RENEW_DEADLINE);
+        let lead = match tokio::time::timeout_at(term_ends.into(), elector.try_lead()).await {
+            Ok(Ok(lead)) => lead,
+            Ok(Err(error)) => {
                 // Unable to renew: stop writing status rather than risk two writers.
                 tracing::warn!(%error, "leader election failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!("could not renew the leader Lease before the term ended");
                 false
             }
         };
