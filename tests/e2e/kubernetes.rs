@@ -802,3 +802,68 @@ async fn model_claims_grant_models_to_namespaces_and_survive_a_recreated_route()
     })
     .await;
 }
+
+/// Issue 11.2: a plugin config that fails with a Secret's value in it must
+/// not put that value in status, Events, the replica Leases, the log or
+/// /admin/config. Each Secret-backed field gets a planted value and a plugin
+/// of its own that fails on it: one through the SDK's config parsing (a
+/// string where an object goes), one through the plugin's own check (a
+/// control character in a header value).
+#[tokio::test]
+async fn secret_values_in_failing_configs_reach_no_status_event_lease_log_or_admin_view() {
+    let (cluster, ns) = cluster_with_namespace("secret-errors").await;
+    let echo = Echo::start().await;
+    let add_header = AddHeader::push().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+
+    // The printable part of each value is what must not show: an escaped
+    // form ("\u{1}") would still carry it.
+    let planted = [("wrong-type", "/setBody", "planted-type-5ecret"), ("bad-value", "/value", "planted-ctl-5ecret")];
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: planted\n  namespace: {ns}\nstringData:\n  wrong-type: {}\n  bad-value: \"{}\\x01\"\n  api-key: \"sk-planted-key\\x01\"\n",
+        planted[0].2, planted[1].2
+    );
+    cluster.apply(&secret).await;
+    for (name, path, _) in planted {
+        let spec = add_header.spec("ok")
+            + &format!("configFrom:\n- path: {path}\n  secretKeyRef: {{name: planted, key: {name}}}\n");
+        cluster.apply(&plugin_yaml(&ns, name, &spec)).await;
+    }
+    let backend_key = "apiKeySecretRef: {name: planted, key: api-key}\n";
+    cluster
+        .apply(&route_yaml(&ns, "chat", "gpt-planted", &echo.url(), &["wrong-type", "bad-value"], backend_key))
+        .await;
+
+    for (name, _, _) in planted {
+        let plugin = wait_status(cluster, &ns, "gatewayplugin", name, "the config to be rejected", |p| {
+            condition(p, "Ready").map(|c| c.0) == Some("False")
+        })
+        .await;
+        assert_eq!(condition(&plugin, "Accepted"), Some(("True", "Accepted")), "{plugin}");
+    }
+    // Events follow the status write; wait for one per plugin.
+    let events = async || cluster.kubectl_ok(&["get", "events", "-A", "-o", "yaml"]).await;
+    eventually("a Warning Event per plugin", WAIT, async || {
+        let events = events().await;
+        planted.iter().all(|(name, _, _)| events.contains(&format!("name: {name}"))).then_some(())
+    })
+    .await;
+
+    let outputs = [
+        ("status", cluster.kubectl_ok(&["get", "gatewayplugins,aimodelroutes", "-n", &ns, "-o", "yaml"]).await),
+        ("events", events().await),
+        ("leases", cluster.kubectl_ok(&["get", "leases", "-A", "-o", "yaml"]).await),
+        ("log", gateway.log()),
+        ("admin", gateway.admin_config().await.to_string()),
+    ];
+    let values = planted.iter().map(|(_, _, value)| *value).chain(["sk-planted-key"]);
+    let leaks: Vec<String> = values
+        .flat_map(|value| {
+            outputs
+                .iter()
+                .filter(move |(_, text)| text.contains(value))
+                .map(move |(place, _)| format!("{value} in {place}"))
+        })
+        .collect();
+    assert!(leaks.is_empty(), "Secret values leaked: {leaks:?}");
+}

@@ -21,6 +21,7 @@ use sluice_api::{AIModelRoute, GatewayPlugin};
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
 use tokio::sync::watch;
 
+use crate::translate::Redactions;
 use crate::{Tenancy, translate};
 
 /// What the watches hold, shared with the status controllers.
@@ -42,6 +43,9 @@ pub struct Published {
 pub struct Generations {
     pub plugins: HashMap<ResourceKey, i64>,
     pub routes: HashMap<ResourceKey, i64>,
+    /// The Secret values in each declaration, cut out of its load errors.
+    pub plugin_redactions: HashMap<ResourceKey, Redactions>,
+    pub route_redactions: HashMap<ResourceKey, Redactions>,
 }
 
 impl Published {
@@ -181,8 +185,8 @@ fn changes<K: Resource>(
 struct Translator {
     tenancy: Arc<Tenancy>,
     revision: u64,
-    plugins: HashMap<ResourceKey, (i64, PluginDecl)>,
-    routes: HashMap<ResourceKey, (i64, RouteDecl)>,
+    plugins: HashMap<ResourceKey, (i64, PluginDecl, Redactions)>,
+    routes: HashMap<ResourceKey, (i64, RouteDecl, Redactions)>,
     last: Option<(Vec<PluginDecl>, Vec<RouteDecl>)>,
 }
 
@@ -199,15 +203,16 @@ impl Translator {
         for object in &plugin_objects {
             let key = object.key();
             present.insert(key.clone(), ());
-            if let Ok(decl) = translate::plugin(object, &stores.secrets, &self.tenancy) {
-                self.plugins.insert(key, (generation(object.meta()), decl));
+            if let (Ok(decl), redactions) = translate::plugin_redacted(object, &stores.secrets, &self.tenancy) {
+                self.plugins.insert(key, (generation(object.meta()), decl, redactions));
             }
         }
         self.plugins.retain(|key, _| present.contains_key(key));
-        let mut plugins: Vec<PluginDecl> = self.plugins.values().map(|(_, d)| d.clone()).collect();
+        let mut plugins: Vec<PluginDecl> = self.plugins.values().map(|(_, d, _)| d.clone()).collect();
         plugins.sort_by(|a, b| a.key.cmp(&b.key));
-        for (key, (generation, _)) in &self.plugins {
+        for (key, (generation, _, redactions)) in &self.plugins {
             generations.plugins.insert(key.clone(), *generation);
+            generations.plugin_redactions.insert(key.clone(), redactions.clone());
         }
 
         let route_objects = stores.routes.state();
@@ -216,20 +221,25 @@ impl Translator {
             let key = object.key();
             present.insert(key.clone(), object.clone());
             let exists = |plugin: &ResourceKey| self.plugins.contains_key(plugin);
-            if let Ok(decl) = translate::route(object, &stores.secrets, &self.tenancy, exists) {
-                self.routes.insert(key, (generation(object.meta()), decl));
+            if let (Ok(decl), redactions) = translate::route_redacted(object, &stores.secrets, &self.tenancy, exists) {
+                self.routes.insert(key, (generation(object.meta()), decl, redactions));
             }
         }
         self.routes.retain(|key, _| present.contains_key(key));
         let candidates: Vec<(&AIModelRoute, &RouteDecl)> =
-            self.routes.iter().map(|(key, (_, decl))| (present[key].as_ref(), decl)).collect();
+            self.routes.iter().map(|(key, (_, decl, _))| (present[key].as_ref(), decl)).collect();
         let conflicts = translate::model_conflicts(&candidates);
-        let mut routes: Vec<RouteDecl> =
-            self.routes.values().filter(|(_, d)| !conflicts.contains_key(&d.key)).map(|(_, d)| d.clone()).collect();
+        let mut routes: Vec<RouteDecl> = self
+            .routes
+            .values()
+            .filter(|(_, d, _)| !conflicts.contains_key(&d.key))
+            .map(|(_, d, _)| d.clone())
+            .collect();
         routes.sort_by(|a, b| a.key.cmp(&b.key));
-        for (key, (generation, _)) in &self.routes {
+        for (key, (generation, _, redactions)) in &self.routes {
             if !conflicts.contains_key(key) {
                 generations.routes.insert(key.clone(), *generation);
+                generations.route_redactions.insert(key.clone(), redactions.clone());
             }
         }
 

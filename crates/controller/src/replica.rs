@@ -5,7 +5,7 @@
 //! its Lease expires. Only the replica writes its own Lease, so reports never
 //! conflict or flap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use sluice_core::{LoadReport, LoadState, ResourceKey};
 use tokio::sync::watch;
 
 use crate::feed::Published;
+use crate::translate::Redactions;
 
 pub const REPORT_ANNOTATION: &str = "sluice.dev/load-report";
 /// Selects replica report Leases (not the leader Lease).
@@ -52,12 +53,17 @@ pub struct Entry {
 impl ReplicaReport {
     fn from_load(load: &LoadReport, generations: &crate::feed::Generations) -> ReplicaReport {
         let entries = |states: &BTreeMap<ResourceKey, LoadState>,
-                       generations: &std::collections::HashMap<ResourceKey, i64>| {
+                       generations: &HashMap<ResourceKey, i64>,
+                       redactions: &HashMap<ResourceKey, Redactions>| {
             states
                 .iter()
                 .filter_map(|(key, state)| {
                     let generation = *generations.get(key)?;
                     let mut state = state.clone();
+                    // Before cutting: a cut value would leave its start.
+                    if let (Some(error), Some(redactions)) = (&mut state.error, redactions.get(key)) {
+                        *error = redactions.apply(error);
+                    }
                     if let Some(error) = &mut state.error
                         && error.len() > MAX_MESSAGE
                     {
@@ -70,8 +76,8 @@ impl ReplicaReport {
                 .collect()
         };
         ReplicaReport {
-            plugins: entries(&load.plugins, &generations.plugins),
-            routes: entries(&load.routes, &generations.routes),
+            plugins: entries(&load.plugins, &generations.plugins, &generations.plugin_redactions),
+            routes: entries(&load.routes, &generations.routes, &generations.route_redactions),
         }
     }
 }
@@ -193,6 +199,25 @@ mod tests {
         let live = live_reports(&leases, now);
         assert_eq!(live.keys().collect::<Vec<_>>(), ["a"]);
         assert_eq!(live["a"], report);
+    }
+
+    #[test]
+    fn secret_values_are_redacted_before_the_error_is_cut() {
+        let key = ResourceKey::new("ns", "p");
+        let secret = "sk-planted-0123456789";
+        // The value straddles the cut: cutting first would leave its start.
+        let error = format!("{}header value {secret:?} is invalid", "x".repeat(MAX_MESSAGE - 20));
+        let mut load = LoadReport { revision: 1, ..Default::default() };
+        load.plugins.insert(key.clone(), LoadState::failed("LoadFailed", error, None));
+        let mut generations = crate::feed::Generations::default();
+        generations.plugins.insert(key.clone(), 1);
+        let mut redactions = Redactions::default();
+        redactions.add(secret);
+        generations.plugin_redactions.insert(key, redactions);
+        let report = ReplicaReport::from_load(&load, &generations);
+        let error = report.plugins["ns/p"].state.error.clone().unwrap();
+        assert!(!error.contains("sk-pl"), "{error}");
+        assert!(error.ends_with("header value \"[redac…"), "{error}");
     }
 
     #[test]

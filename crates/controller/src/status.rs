@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::feed::{Stores, api, generation};
 use crate::replica::{self, Entry, ReplicaReport};
-use crate::translate::{self, Problem};
+use crate::translate::{self, Problem, Redactions};
 use crate::{Error, Tenancy};
 
 pub const FIELD_MANAGER: &str = "sluice-gateway";
@@ -136,9 +136,10 @@ fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ct
 async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = plugin.key();
     let generation = generation(&plugin.metadata);
-    let problem = translate::plugin(&plugin, &ctx.stores.secrets, &ctx.tenancy).err();
+    let (translated, redactions) = translate::plugin_redacted(&plugin, &ctx.stores.secrets, &ctx.tenancy);
+    let problem = translated.err();
     let replicas = ctx.live_reports();
-    let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation);
+    let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation, &redactions);
     let (conditions, loaded) =
         conditions(problem.as_ref(), &views, generation, plugin.status.as_ref().map(|s| &s.conditions[..]));
     // The module served for this generation, or else the last good one.
@@ -178,7 +179,8 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
     let plugin_exists = |plugin: &sluice_core::ResourceKey| {
         ctx.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
     };
-    let problem = match translate::route(&route, &ctx.stores.secrets, &ctx.tenancy, plugin_exists) {
+    let (translated, redactions) = translate::route_redacted(&route, &ctx.stores.secrets, &ctx.tenancy, plugin_exists);
+    let problem = match translated {
         Err(problem) => Some(problem),
         Ok(decl) => {
             // Conflicts are decided over every valid route, as the feed does.
@@ -196,7 +198,7 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
         }
     };
     let replicas = ctx.live_reports();
-    let views = views(&replicas, |report| report.routes.get(&key.to_string()), generation);
+    let views = views(&replicas, |report| report.routes.get(&key.to_string()), generation, &redactions);
     let (conditions, loaded) =
         conditions(problem.as_ref(), &views, generation, route.status.as_ref().map(|s| &s.conditions[..]));
     let status =
@@ -261,11 +263,14 @@ impl Context {
     }
 }
 
-/// Each live replica's view of one resource at `generation`.
+/// Each live replica's view of one resource at `generation`. Replicas
+/// redact their own reports; the values this leader reads are cut again, in
+/// case a replica did not.
 fn views<'a>(
     replicas: &'a BTreeMap<String, ReplicaReport>,
     entry: impl Fn(&'a ReplicaReport) -> Option<&'a Entry>,
     generation: i64,
+    redactions: &Redactions,
 ) -> Vec<ReplicaStatus> {
     replicas
         .iter()
@@ -276,7 +281,7 @@ fn views<'a>(
                 ready: entry.state.ready && entry.generation == generation,
                 digest: entry.state.digest.clone(),
                 reason: entry.state.reason.clone(),
-                message: entry.state.error.clone(),
+                message: entry.state.error.as_deref().map(|error| redactions.apply(error)),
             },
             None => ReplicaStatus {
                 name: name.clone(),
@@ -384,6 +389,21 @@ mod tests {
         assert_eq!(status_of(&conds, "ResolvedRefs"), ("False", "SecretNotFound"));
         assert_eq!(status_of(&conds, "Accepted"), ("True", "Accepted"));
         assert_eq!(status_of(&conds, "Ready"), ("False", "SecretNotFound"));
+    }
+
+    #[test]
+    fn secret_values_in_replica_reports_reach_no_condition() {
+        let mut report = ReplicaReport::default();
+        let state = sluice_core::LoadState::failed("LoadFailed", "p: header value \"sk-planted\" is invalid", None);
+        report.plugins.insert("ns/p".into(), Entry { generation: 2, state });
+        let replicas = BTreeMap::from([("a".to_string(), report)]);
+        let mut redactions = Redactions::default();
+        redactions.add("sk-planted");
+        let views = views(&replicas, |r| r.plugins.get("ns/p"), 2, &redactions);
+        let (conds, _) = conditions(None, &views, 2, None);
+        let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.message, "replica a: p: header value \"[redacted]\" is invalid");
+        assert!(!format!("{views:?}").contains("sk-planted"));
     }
 
     #[test]

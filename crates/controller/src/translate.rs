@@ -47,14 +47,90 @@ impl Problem {
     }
 }
 
+/// The Secret values a resource's declaration holds, to be cut out of every
+/// message about it: a plugin that rejects its config, or a load error,
+/// may quote them.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Redactions(Vec<String>);
+
+impl std::fmt::Debug for Redactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Redactions({} values)", self.0.len())
+    }
+}
+
+impl Redactions {
+    /// Shorter values would cut ordinary words out of messages.
+    const MIN_LEN: usize = 4;
+    const MARK: &str = "[redacted]";
+
+    /// `value` as it is, and as Rust and JSON would quote it in a message.
+    pub(crate) fn add(&mut self, value: &str) {
+        let debug = format!("{value:?}");
+        let json = serde_json::to_string(value).unwrap_or_default();
+        for form in [value, value.trim(), unquote(&debug), unquote(&json)] {
+            if form.len() >= Self::MIN_LEN && !self.0.iter().any(|v| v == form) {
+                self.0.push(form.to_string());
+            }
+        }
+        // Longest first, so a value that holds another is cut whole.
+        self.0.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    }
+
+    /// Every string in a JSON value (not the keys: those are field names).
+    fn add_strings(&mut self, value: &Value) {
+        match value {
+            Value::String(text) => self.add(text),
+            Value::Array(items) => items.iter().for_each(|v| self.add_strings(v)),
+            Value::Object(map) => map.values().for_each(|v| self.add_strings(v)),
+            _ => {}
+        }
+    }
+
+    /// `message` with every value replaced by `[redacted]`.
+    pub fn apply(&self, message: &str) -> String {
+        let mut message = message.to_string();
+        for value in &self.0 {
+            if message.contains(value.as_str()) {
+                message = message.replace(value.as_str(), Self::MARK);
+            }
+        }
+        message
+    }
+}
+
+fn unquote(quoted: &str) -> &str {
+    quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"')).unwrap_or(quoted)
+}
+
 /// Looks Secrets up by namespace and name.
 pub trait Secrets {
     fn get(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Secret>>;
 }
 
 /// The declaration a GatewayPlugin asks for, with its Secret references
-/// resolved.
+/// resolved. The controllers use [`plugin_redacted`].
+#[cfg(test)]
 pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets, tenancy: &Tenancy) -> Result<PluginDecl, Problem> {
+    plugin_redacted(plugin, secrets, tenancy).0
+}
+
+/// [`plugin`], and the Secret values it read (even if it then failed).
+pub fn plugin_redacted(
+    plugin: &GatewayPlugin,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+) -> (Result<PluginDecl, Problem>, Redactions) {
+    let mut redactions = Redactions::default();
+    (resolve_plugin(plugin, secrets, tenancy, &mut redactions), redactions)
+}
+
+fn resolve_plugin(
+    plugin: &GatewayPlugin,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    redactions: &mut Redactions,
+) -> Result<PluginDecl, Problem> {
     if let Some(file) = &plugin.spec.source.file {
         host_file(tenancy, "source.file", file)?;
     }
@@ -62,6 +138,7 @@ pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets, tenancy: &Tenancy)
     let namespace = decl.key.namespace.clone();
     for from in &plugin.spec.config_from {
         let text = secret_text(secrets, &namespace, &from.secret_key_ref)?;
+        redactions.add(&text);
         let value = match from.format.unwrap_or_default() {
             ValueFormat::Text => Value::String(text),
             ValueFormat::Json => serde_json::from_str(&text).map_err(|e| {
@@ -75,13 +152,14 @@ pub fn plugin(plugin: &GatewayPlugin, secrets: &impl Secrets, tenancy: &Tenancy)
                 )
             })?,
         };
+        redactions.add_strings(&value);
         set_pointer(&mut decl.config, &from.path, value)
             .map_err(|e| Problem::invalid(format!("configFrom path `{}`: {e}", from.path)))?;
     }
     if let Some(reference) = &plugin.spec.source.pull_secret_ref
         && let PluginSource::Oci { credentials, .. } = &mut decl.source
     {
-        *credentials = Some(pull_credentials(secrets, &namespace, &reference.name)?);
+        *credentials = Some(pull_credentials(secrets, &namespace, &reference.name, redactions)?);
     }
     Ok(decl)
 }
@@ -94,6 +172,27 @@ pub fn route(
     secrets: &impl Secrets,
     tenancy: &Tenancy,
     plugin_exists: impl Fn(&ResourceKey) -> bool,
+) -> Result<RouteDecl, Problem> {
+    route_redacted(route, secrets, tenancy, plugin_exists).0
+}
+
+/// [`route`], and the Secret values it read (even if it then failed).
+pub fn route_redacted(
+    route: &AIModelRoute,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    plugin_exists: impl Fn(&ResourceKey) -> bool,
+) -> (Result<RouteDecl, Problem>, Redactions) {
+    let mut redactions = Redactions::default();
+    (resolve_route(route, secrets, tenancy, plugin_exists, &mut redactions), redactions)
+}
+
+fn resolve_route(
+    route: &AIModelRoute,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    plugin_exists: impl Fn(&ResourceKey) -> bool,
+    redactions: &mut Redactions,
 ) -> Result<RouteDecl, Problem> {
     for backend in &route.spec.backends {
         if let Some(file) = &backend.api_key_file {
@@ -126,6 +225,7 @@ pub fn route(
     for (backend, spec) in decl.backends.iter_mut().zip(&route.spec.backends) {
         if let Some(selector) = &spec.api_key_secret_ref {
             let key = secret_text(secrets, &decl.key.namespace, selector)?;
+            redactions.add(&key);
             backend.api_key = Some(ApiKeySource::Value(sluice_core::Secret::new(key.trim().to_string())));
         }
     }
@@ -209,7 +309,12 @@ fn secret_bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     secret.string_data.as_ref().and_then(|data| data.get(key)).map(|value| value.clone().into_bytes())
 }
 
-fn pull_credentials(secrets: &impl Secrets, namespace: &str, name: &str) -> Result<RegistryCredentials, Problem> {
+fn pull_credentials(
+    secrets: &impl Secrets,
+    namespace: &str,
+    name: &str,
+    redactions: &mut Redactions,
+) -> Result<RegistryCredentials, Problem> {
     let secret = secrets.get(namespace, name).ok_or_else(|| {
         Problem::unresolved(reason::SECRET_NOT_FOUND, format!("Secret {namespace}/{name} does not exist"))
     })?;
@@ -223,12 +328,15 @@ fn pull_credentials(secrets: &impl Secrets, namespace: &str, name: &str) -> Resu
     };
     match secret.type_.as_deref() {
         Some("kubernetes.io/dockerconfigjson") => {
-            Ok(RegistryCredentials::DockerConfigJson(sluice_core::Secret::new(text(".dockerconfigjson")?)))
+            let config = text(".dockerconfigjson")?;
+            redactions.add_strings(&serde_json::from_str(&config).unwrap_or_default());
+            Ok(RegistryCredentials::DockerConfigJson(sluice_core::Secret::new(config)))
         }
-        Some("kubernetes.io/basic-auth") => Ok(RegistryCredentials::Basic {
-            username: text("username")?,
-            password: sluice_core::Secret::new(text("password")?),
-        }),
+        Some("kubernetes.io/basic-auth") => {
+            let password = text("password")?;
+            redactions.add(&password);
+            Ok(RegistryCredentials::Basic { username: text("username")?, password: sluice_core::Secret::new(password) })
+        }
         other => Err(Problem::unresolved(
             reason::UNSUPPORTED_SECRET_TYPE,
             format!(
@@ -366,6 +474,34 @@ mod tests {
         assert!(
             matches!(credentials, RegistryCredentials::Basic { username, password } if username == "u" && password.expose() == "pw")
         );
+    }
+
+    #[test]
+    fn the_secret_values_read_are_redacted_in_any_form_a_message_quotes_them() {
+        let plugin = gateway_plugin(json!({
+            "source": {"oci": "r.example/p:1"},
+            "configFrom": [
+                {"path": "/value", "secretKeyRef": {"name": "s", "key": "text"}},
+                {"path": "/keys", "secretKeyRef": {"name": "s", "key": "json"}, "format": "Json"},
+                {"path": "/missing", "secretKeyRef": {"name": "s", "key": "absent"}}
+            ]
+        }));
+        let store = secrets(&[secret("s", None, &[("text", "tab\tsecret\u{1}"), ("json", r#"{"k": ["sk-json-1"]}"#)])]);
+        // The lookup fails at the third entry; the values read before it still count.
+        let (result, redactions) = super::plugin_redacted(&plugin, &store, &tenancy());
+        assert_eq!(result.unwrap_err().reason, reason::SECRET_KEY_NOT_FOUND);
+        // As it is, as Rust's `{:?}` quotes it, and as JSON does.
+        let text = "tab\tsecret\u{1}";
+        let message = format!("value {text} or {text:?} or {}, key sk-json-1", serde_json::to_string(text).unwrap());
+        assert_eq!(redactions.apply(&message), r#"value [redacted] or "[redacted]" or "[redacted]", key [redacted]"#);
+        assert!(!format!("{redactions:?}").contains("secret"));
+
+        let route =
+            route_with_backend(json!({"url": "http://u.example/v1", "apiKeySecretRef": {"name": "k", "key": "v"}}));
+        let store = secrets(&[secret("k", None, &[("v", " sk-route \n")])]);
+        let (result, redactions) = super::route_redacted(&route, &store, &tenancy(), |_| true);
+        assert!(result.is_ok());
+        assert_eq!(redactions.apply("Bearer sk-route rejected; a key"), "Bearer [redacted] rejected; a key");
     }
 
     #[test]

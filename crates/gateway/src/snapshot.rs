@@ -313,10 +313,30 @@ async fn load_plugin(
         LoadFailure { reason, ..LoadFailure::permanent(e.to_string()) }
     })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let configured = module
-        .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation)
-        .await
-        .map_err(|e| LoadFailure { transient: e.is_transient(), ..LoadFailure::permanent(e.to_string()) })?;
+    let configured =
+        module.configure(&decl.key.to_string(), &decl.config, limits, decl.isolation).await.map_err(|e| {
+            // A plugin's error may quote its config, whose values may come
+            // from Secrets (configFrom): none reaches a log, status or
+            // /admin/config. Values as they are, and as `{:?}` or JSON quote them.
+            let mut values = Vec::new();
+            let mut pending = vec![&decl.config];
+            while let Some(value) = pending.pop() {
+                match value {
+                    serde_json::Value::String(s) => {
+                        let quoted = [format!("{s:?}"), serde_json::Value::from(s.as_str()).to_string()];
+                        values.push(s.clone());
+                        values.extend(quoted.iter().map(|q| q[1..q.len() - 1].to_string()));
+                    }
+                    serde_json::Value::Array(items) => pending.extend(items),
+                    serde_json::Value::Object(map) => pending.extend(map.values()),
+                    _ => {}
+                }
+            }
+            values.retain(|v| v.len() >= 4);
+            values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+            let message = values.iter().fold(e.to_string(), |m, v| m.replace(v.as_str(), "[redacted]"));
+            LoadFailure { transient: e.is_transient(), ..LoadFailure::permanent(message) }
+        })?;
     if decl.phase == Phase::Auth && !configured.hooks().contains(Hooks::REQUEST) {
         return Err(LoadFailure {
             reason: reason::INVALID,

@@ -291,7 +291,10 @@ pub fn header_name(name: &str) -> Result<String, String> {
 }
 
 fn load_key(value: Value) -> Result<Key, String> {
-    let jwk: Jwk = serde_json::from_value(value).map_err(|e| format!("not a supported JWK: {e}"))?;
+    // serde's message can quote the key's own fields: only its position is named.
+    let jwk: Jwk = serde_json::from_value(value).map_err(|e| {
+        format!("not a supported JWK ({:?} error at line {}, column {})", e.classify(), e.line(), e.column())
+    })?;
     if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
         return Err("an encryption key (`use: enc`) cannot verify signatures".into());
     }

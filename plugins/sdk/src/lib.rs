@@ -45,6 +45,7 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use serde::de::DeserializeOwned;
+use serde_json::error::Category;
 
 pub use action::{Action, ApiError, Edits, HeaderEdits};
 pub use http::{HeaderList, header_value};
@@ -101,7 +102,9 @@ pub trait Plugin: Sized + 'static {
     type State: Default + 'static;
 
     /// Validates the config and prepares what the hooks need (compiled
-    /// patterns, parsed keys). An error rejects the config.
+    /// patterns, parsed keys). An error rejects the config. Its message
+    /// goes to logs, status and Events, so it names fields, never their
+    /// values: a value may come from a Secret (`configFrom`).
     fn new(config: Self::Config) -> Result<Self, String>;
 
     /// The hooks the gateway should call. It skips the others.
@@ -144,8 +147,78 @@ pub fn configure<P: Plugin>(config_json: &str) -> Result<P, String> {
         "" | "null" => "{}",
         json => json,
     };
-    let config: P::Config = serde_json::from_str(json).map_err(|e| format!("{}: invalid config: {e}", P::NAME))?;
+    let mut parser = serde_json::Deserializer::from_str(json);
+    let invalid = |e: String| format!("{}: invalid config: {e}", P::NAME);
+    let config: P::Config =
+        serde_path_to_error::deserialize(&mut parser).map_err(|e| invalid(config_error(&e, json)))?;
+    // Trailing characters: a syntax error, whose message quotes nothing.
+    parser.end().map_err(|e| invalid(e.to_string()))?;
     P::new(config).map_err(|e| format!("{}: {e}", P::NAME))
+}
+
+/// Why a config does not parse, without quoting any of its values: serde's
+/// own message (`invalid type: string "hunter2", expected a map`) would echo
+/// a value a `configFrom` Secret put there into logs, status and Events.
+/// Says what kind of error, where (the field path and position), and what
+/// was expected.
+fn config_error(error: &serde_path_to_error::Error<serde_json::Error>, json: &str) -> String {
+    let inner = error.inner();
+    let message = inner.to_string();
+    let position = format!(" at line {} column {}", inner.line(), inner.column());
+    let message = message.strip_suffix(&position).unwrap_or(&message);
+    let (what, expected) = match inner.classify() {
+        // serde_json's syntax messages are fixed texts ("expected `,` or `}`").
+        Category::Syntax | Category::Eof | Category::Io => (message, None),
+        Category::Data => data_error(message, json),
+    };
+    let mut out = what.to_string();
+    let path = error.path().to_string();
+    if path != "." {
+        out.push_str(&format!(" at `{path}`"));
+    }
+    if inner.line() > 0 {
+        out.push_str(&format!(" (line {}, column {})", inner.line(), inner.column()));
+    }
+    if let Some(expected) = expected {
+        out.push_str(": ");
+        out.push_str(expected);
+    }
+    out
+}
+
+/// Splits a serde data error into what went wrong and what was expected,
+/// dropping the value serde quotes. Messages that name only fields are
+/// kept; any other (a custom `Deserialize`) is kept only if it quotes no
+/// string of the config.
+fn data_error<'a>(message: &'a str, json: &str) -> (&'a str, Option<&'a str>) {
+    // The value comes before the last ", expected ": the expectation is the type's own text.
+    let expected = || message.rfind(", expected ").map(|i| &message[i + 2..]);
+    for (prefix, what) in [
+        ("invalid type: ", "invalid type"),
+        ("invalid value: ", "invalid value"),
+        ("unknown variant ", "unknown variant"),
+    ] {
+        if message.starts_with(prefix) {
+            return (what, expected());
+        }
+    }
+    let names_fields = ["unknown field `", "missing field `", "duplicate field `", "invalid length "];
+    if names_fields.iter().any(|prefix| message.starts_with(prefix))
+        || message.starts_with("data did not match any variant")
+    {
+        return (message, None);
+    }
+    let mut pending: Vec<serde_json::Value> = serde_json::from_str(json).into_iter().collect();
+    let mut quotes = false;
+    while let Some(value) = pending.pop() {
+        match value {
+            serde_json::Value::String(s) => quotes |= s.len() >= 4 && message.contains(&s),
+            serde_json::Value::Array(items) => pending.extend(items),
+            serde_json::Value::Object(map) => pending.extend(map.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
+    if quotes { ("invalid value", Some("the details are withheld, as they quote the value")) } else { (message, None) }
 }
 
 /// Where a request is in its life, to know when `State` starts afresh.
@@ -301,6 +374,79 @@ mod tests {
         assert!(error.starts_with("recorder: invalid config: unknown field `extra`"), "{error}");
         let error = configure::<Recorder>("null").err().unwrap();
         assert!(error.contains("missing field `limit`"), "null counts as {{}}: {error}");
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Nested {
+        api_keys: Vec<Key>,
+        #[serde(default)]
+        mode: Option<Mode>,
+        #[serde(default)]
+        small: Option<u8>,
+        #[serde(default, deserialize_with = "echoing")]
+        custom: Option<String>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Key {
+        #[allow(dead_code)]
+        sha256: String,
+    }
+
+    #[derive(serde::Deserialize)]
+    enum Mode {
+        Strict,
+    }
+
+    /// A custom `Deserialize` whose error quotes the value, as many do.
+    fn echoing<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        use serde::Deserialize as _;
+        let value = String::deserialize(d)?;
+        Err(serde::de::Error::custom(format!("bad value {value}")))
+    }
+
+    struct Strict;
+
+    impl Plugin for Strict {
+        const NAME: &'static str = "strict";
+        type Config = Nested;
+        type State = ();
+
+        fn new(_: Nested) -> Result<Self, String> {
+            Ok(Strict)
+        }
+    }
+
+    #[test]
+    fn config_errors_give_the_path_and_expectation_but_never_the_value() {
+        use serde_json::json;
+        let secret = "hunter2-planted";
+        let cases = [
+            (
+                json!({"apiKeys": [{"sha256": 7}, {"sha256": {"x": secret}}]}),
+                "invalid type at `apiKeys[0].sha256`",
+                "expected a string",
+            ),
+            (json!({"apiKeys": secret}), "invalid type at `apiKeys` (line 1, column", "expected a sequence"),
+            (json!({"apiKeys": [], "mode": secret}), "unknown variant at `mode`", "expected `Strict`"),
+            (json!({"apiKeys": [], "small": 300}), "invalid value at `small`", "expected u8"),
+            (json!({"apiKeys": [], "custom": secret}), "invalid value at `custom`", "withheld"),
+        ];
+        for (config, what, expected) in cases {
+            let error = configure::<Strict>(&config.to_string()).err().unwrap();
+            assert!(error.starts_with(&format!("strict: invalid config: {what}")), "{error}");
+            assert!(error.contains(expected), "{error}");
+            assert!(!error.contains("hunter2") && !error.contains("300"), "{error}");
+        }
+        // A custom message that quotes no value is kept.
+        let error = configure::<Strict>(r#"{"apiKeys": [], "custom": "x"}"#).err().unwrap();
+        assert!(error.ends_with("bad value x at `custom` (line 1, column 30)"), "{error}");
+        // Field names are not values: they stay, as does a syntax error's text.
+        let error = configure::<Strict>(r#"{"apiKeys": [], "other": 1}"#).err().unwrap();
+        assert!(error.contains("unknown field `other`"), "{error}");
+        let error = configure::<Strict>(r#"{"apiKeys": []} x"#).err().unwrap();
+        assert!(error.contains("trailing characters"), "{error}");
     }
 
     #[test]
