@@ -78,12 +78,14 @@ pub fn drop_not_utf8(headers: &mut HeaderMap) {
 /// the caller blames on the plugin; edits to hop-by-hop and framing headers
 /// are ignored.
 pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[String]) -> Result<(), String> {
-    for name in remove {
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
-        if editable(&name) {
-            headers.remove(name);
-        }
-    }
+    // Everything is checked before anything changes: a refused edit must
+    // leave the headers as they were, since under `failurePolicy: Open` the
+    // exchange goes on without the plugin (found by the plugin_edits fuzz
+    // target: removals applied, then a bad set refused).
+    let removed = remove
+        .iter()
+        .map(|name| HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`")))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut fresh = HeaderMap::new();
     for (name, value) in set {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
@@ -94,6 +96,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
         }
         // Several values of one name in one edit are all kept.
         fresh.append(name, value);
+    }
+    for name in removed.into_iter().filter(editable) {
+        headers.remove(name);
     }
     for name in fresh.keys() {
         headers.remove(name);
@@ -163,6 +168,16 @@ mod tests {
         drop_not_utf8(&mut headers);
         assert_eq!(not_utf8(&headers), None);
         assert_eq!(headers.get_all("x-raw").iter().collect::<Vec<_>>(), vec!["ok"]);
+    }
+
+    /// Found by the plugin_edits fuzz target.
+    #[test]
+    fn a_refused_edit_changes_nothing() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-keep", HeaderValue::from_static("1"));
+        let before = headers.clone();
+        assert!(apply_edits(&mut headers, &[("".into(), "v".into())], &["x-keep".into()]).is_err());
+        assert_eq!(headers, before);
     }
 
     #[test]
