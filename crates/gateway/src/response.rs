@@ -414,7 +414,9 @@ impl Tail {
 pub fn usage_in(json: &[u8]) -> Option<Usage> {
     #[derive(serde::Deserialize)]
     struct WithUsage {
-        usage: Option<Counts>,
+        // An object, as OpenAI sends it: serde would also read a struct
+        // from an array (`[1, 2]`), which no upstream means as usage.
+        usage: Option<serde_json::Map<String, serde_json::Value>>,
     }
     #[derive(serde::Deserialize)]
     struct Counts {
@@ -425,7 +427,8 @@ pub fn usage_in(json: &[u8]) -> Option<Usage> {
         #[serde(default)]
         total_tokens: u32,
     }
-    let counts = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
+    let usage = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
+    let counts: Counts = serde_json::from_value(serde_json::Value::Object(usage)).ok()?;
     Some(Usage {
         prompt_tokens: counts.prompt_tokens,
         completion_tokens: counts.completion_tokens,
