@@ -134,8 +134,10 @@ impl AIModelRoute {
             .backends
             .iter()
             .map(|b| {
-                if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
-                    return Err(format!("backend url `{}` must start with http:// or https://", b.url));
+                let url = b.url.trim_end_matches('/');
+                let host = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+                if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+                    return Err(format!("backend url `{}` must start with http:// or https:// and a host", b.url));
                 }
                 // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
                 let api_key = match (&b.api_key_env, &b.api_key_file, &b.api_key_secret_ref) {
@@ -152,7 +154,7 @@ impl AIModelRoute {
             key,
             models: spec.models.clone(),
             backends,
-            timeout: spec.timeout_ms.map(Duration::from_millis).unwrap_or(RouteDecl::DEFAULT_TIMEOUT),
+            timeout: spec.timeout_ms.map(|ms| Duration::from_millis(ms.max(1))).unwrap_or(RouteDecl::DEFAULT_TIMEOUT),
         })
     }
 }

@@ -103,10 +103,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
     for name in fresh.keys() {
         headers.remove(name);
     }
-    for (name, value) in fresh {
-        if let Some(name) = name {
-            headers.append(name, value);
-        }
+    // By reference: the owned iterator names each header only once.
+    for (name, value) in &fresh {
+        headers.append(name, value.clone());
     }
     Ok(())
 }
