@@ -6,6 +6,8 @@
 mod admin;
 mod body;
 mod chain;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gateway;
 mod headers;
 mod proxy;

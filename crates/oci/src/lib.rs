@@ -30,6 +30,8 @@ mod component;
 mod digest;
 mod error;
 mod format;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod media_types;
 mod reference;
 mod registry;

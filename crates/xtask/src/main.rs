@@ -6,6 +6,7 @@
 
 mod bench;
 mod cycles;
+mod fuzz;
 mod kube;
 mod new_plugin;
 mod plugins;
@@ -50,6 +51,9 @@ enum Task {
     /// Start a Rust plugin in plugins/<name> from a template, add it to the
     /// plugins workspace and build it.
     NewPlugin(new_plugin::Args),
+    /// Run the fuzz targets in crates/fuzz long (libFuzzer through
+    /// cargo-bolero, or random inputs) and print how many inputs each ran.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> Result<()> {
@@ -67,6 +71,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::NewPlugin(args) => new_plugin::main(args),
+        Task::Fuzz(args) => fuzz::main(args),
     }
 }
 

@@ -1,0 +1,28 @@
+//! The data plane's parsers, reachable from the fuzz targets in
+//! crates/fuzz. Each item calls or re-exports the function the request path
+//! uses; nothing here is a copy, and nothing outside the fuzz crate uses it.
+
+use http::HeaderMap;
+
+pub use crate::sse::{EventSplitter, data_event, data_of, with_data};
+
+/// The `usage` of an upstream's JSON response or final stream chunk, as
+/// (prompt, completion, total) tokens.
+pub fn usage_in(json: &[u8]) -> Option<(u32, u32, u32)> {
+    crate::response::usage_in(json).map(|u| (u.prompt_tokens, u.completion_tokens, u.total_tokens))
+}
+
+/// Applies a plugin's header edits.
+pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[String]) -> Result<(), String> {
+    crate::headers::apply_edits(headers, set, remove)
+}
+
+/// Removes hop-by-hop headers and those `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    crate::headers::strip_hop_by_hop(headers)
+}
+
+/// The headers as plugins see them.
+pub fn to_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    crate::headers::to_pairs(headers)
+}
