@@ -211,12 +211,13 @@ async fn read_body(
 }
 
 fn requested_model(body: &[u8]) -> Result<String, ApiError> {
-    #[derive(serde::Deserialize)]
-    struct ModelOnly {
-        model: Option<serde_json::Value>,
-    }
-    let parsed: ModelOnly = serde_json::from_slice(body).map_err(ApiError::invalid_json)?;
-    match parsed.model {
+    // A whole JSON object, parsed as the rewrite to a backend's model will
+    // parse it: an array (which serde would read as a struct) or a body the
+    // rewrite cannot read again (a number out of range, a lone surrogate) is
+    // the client's error, not a 500 later (found by fuzzing).
+    let mut parsed: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(ApiError::invalid_json)?;
+    match parsed.remove("model") {
         Some(serde_json::Value::String(model)) if !model.is_empty() => Ok(model),
         _ => Err(ApiError::invalid_request("missing_model", "the request body needs a `model` string")),
     }
@@ -373,6 +374,24 @@ mod tests {
         let echoed: serde_json::Value =
             serde_json::from_str(json["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
         assert_eq!(echoed["headers"]["x-team"], "search", "{echoed}");
+    }
+
+    /// Found by the request_json fuzz target (in a copy): these were routed,
+    /// then the rewrite to a backend's model failed (a 500), or an array was
+    /// routed as if it were an object.
+    #[test]
+    fn only_objects_the_rewrite_can_read_are_routed() {
+        for body in [r#"["gpt-4o-mini"]"#, r#"{"model":"m","x":1e400}"#, r#"{"model":"m","x":"\ud800"}"#] {
+            let error = requested_model(body.as_bytes()).expect_err(body);
+            assert_eq!(error.status, 400, "{body}");
+        }
+        let body = Bytes::from_static(br#"{"model":"m","temperature":0.5,"seed":18446744073709551615}"#);
+        assert_eq!(requested_model(&body).unwrap(), "m");
+        let rewritten: serde_json::Value = serde_json::from_slice(&rewrite_model(&body, "backend").unwrap()).unwrap();
+        assert_eq!(
+            rewritten,
+            serde_json::json!({"model": "backend", "temperature": 0.5, "seed": 18446744073709551615u64})
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
