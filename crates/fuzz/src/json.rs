@@ -1,5 +1,6 @@
-//! Request and response JSON: the gateway reads `usage` from an upstream's
-//! response (`usage_in`).
+//! Request and response JSON: the gateway reads a request's `model`
+//! (`requested_model`), writes a backend's model over it (`rewrite_model`),
+//! and reads `usage` from an upstream's response (`usage_in`).
 //!
 //! Inputs are token streams rendered as JSON that is mostly well formed:
 //! objects and arrays nested up to a few hundred deep, the keys the gateway
@@ -7,6 +8,9 @@
 //! strings with escapes; then, sometimes, one byte changed or cut.
 
 use bolero::TypeGenerator;
+use bytes::Bytes;
+use serde_json::Value;
+use sluice_gateway::fuzzing::{requested_model, rewrite_model};
 
 use crate::pick;
 
@@ -211,10 +215,46 @@ pub(crate) fn mutate(bytes: &mut Vec<u8>, mutation: &Mutation) {
     }
 }
 
-/// Runs the JSON the gateway parses on `body` and checks what it makes of it.
+/// A request body, and the model of the backend it is sent to.
+#[derive(Clone, Debug, TypeGenerator)]
+pub struct Request {
+    pub body: Body,
+    pub backend_model: Key,
+}
+
+/// Runs the JSON the gateway parses on a request body and checks what it
+/// makes of it.
+pub fn check_request(request: &Request) {
+    let model = match &request.backend_model {
+        Key::Known(i) => pick(KEYS, *i).to_string(),
+        Key::Other(s) => s.clone(),
+    };
+    check_model(&request.body.render(), &model);
+}
+
+/// `requested_model` never panics and finds a non-empty model; a body it
+/// routes can be rewritten for any backend, and the rewrite changes only
+/// the model.
+pub fn check_model(bytes: &[u8], backend_model: &str) {
+    let Ok(requested) = requested_model(bytes) else { return };
+    assert!(!requested.is_empty());
+    let rewritten = rewrite_model(&Bytes::copy_from_slice(bytes), backend_model);
+    let rewritten = rewritten.unwrap_or_else(|e| panic!("a routed body was not rewritten: {e:?}"));
+    let mut before: Value = serde_json::from_slice(bytes).expect("a rewritten body parses");
+    assert!(before.is_object(), "a body that is not a JSON object was routed: {before}");
+    let mut after: Value = serde_json::from_slice(&rewritten).expect("the rewrite is JSON");
+    assert_eq!(after["model"], backend_model, "{after}");
+    if !backend_model.is_empty() {
+        assert_eq!(requested_model(&rewritten).as_deref(), Ok(backend_model));
+    }
+    before.as_object_mut().expect("an object").remove("model");
+    after.as_object_mut().expect("an object").remove("model");
+    assert_eq!(after, before, "the rewrite changed more than the model");
+}
+
+/// Runs the JSON the gateway parses on a response body.
 pub fn check(body: &Body) {
-    let bytes = body.render();
-    check_usage(&bytes);
+    check_usage(&body.render());
 }
 
 /// `usage_in` never panics, and the total it reports covers the parts.

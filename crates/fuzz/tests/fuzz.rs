@@ -10,6 +10,11 @@ use bolero::check;
 use sluice_fuzz::{headers, json, oci, sse, yaml};
 
 #[test]
+fn request_json() {
+    check!().with_type::<json::Request>().for_each(json::check_request);
+}
+
+#[test]
 fn response_json() {
     check!().with_type::<json::Body>().for_each(json::check);
 }

@@ -95,3 +95,33 @@ fn sse_edges() {
         new_data: vec![Text("x".into()), Known(8), Known(8), Text("y".into())],
     });
 }
+
+/// Found by request_json: bodies `requested_model` routes but
+/// `rewrite_model` cannot parse again, so a route with a backend model
+/// answered them with a 500.
+#[test]
+fn a_routed_body_can_be_rewritten() {
+    for body in [r#"{"model":"m","x":1e400}"#, r#"{"model":"m","x":"\ud800"}"#] {
+        sluice_fuzz::json::check_model(body.as_bytes(), "backend-model");
+    }
+}
+
+/// Found by request_json: a JSON array was routed by its first element,
+/// as if it were `{"model": ...}`.
+#[test]
+fn only_an_object_is_routed() {
+    sluice_fuzz::json::check_model(br#"["gpt-4o-mini"]"#, "backend-model");
+}
+
+/// Found by request_json: the rewrite sent the upstream other numbers than
+/// the client's: an integer past u64 as a rounded float, and a float an
+/// ulp off (serde_json's default float parsing is not exact).
+#[test]
+fn the_rewrite_keeps_numbers_as_written() {
+    for number in ["123456789012345678901234567890", "7.509632777023061e-308"] {
+        let body = bytes::Bytes::from(format!(r#"{{"model":"m","x":{number}}}"#));
+        let rewritten = sluice_gateway::fuzzing::rewrite_model(&body, "backend-model").expect("rewritten");
+        let text = String::from_utf8_lossy(&rewritten);
+        assert!(text.contains(number), "{text}");
+    }
+}

@@ -2,9 +2,20 @@
 //! crates/fuzz. Each item calls or re-exports the function the request path
 //! uses; nothing here is a copy, and nothing outside the fuzz crate uses it.
 
+use bytes::Bytes;
 use http::HeaderMap;
 
 pub use crate::sse::{EventSplitter, data_event, data_of, with_data};
+
+/// The model a request body asks for; an error as its HTTP status and code.
+pub fn requested_model(body: &[u8]) -> Result<String, (u16, &'static str)> {
+    crate::proxy::requested_model(body).map_err(|e| (e.status, e.code))
+}
+
+/// The body with a backend's model in place of the client's.
+pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, (u16, &'static str)> {
+    crate::proxy::rewrite_model(body, model).map_err(|e| (e.status, e.code))
+}
 
 /// The `usage` of an upstream's JSON response or final stream chunk, as
 /// (prompt, completion, total) tokens.

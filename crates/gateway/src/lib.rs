@@ -10,6 +10,7 @@ mod chain;
 pub mod fuzzing;
 mod gateway;
 mod headers;
+mod json_edit;
 mod proxy;
 mod response;
 mod server;

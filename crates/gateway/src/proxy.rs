@@ -17,6 +17,7 @@ use crate::body::{Body, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
 use crate::headers::not_utf8;
+use crate::json_edit;
 use crate::response::{self, Exchange};
 use crate::snapshot::{Route, Snapshot};
 
@@ -210,7 +211,7 @@ async fn read_body(
     }
 }
 
-fn requested_model(body: &[u8]) -> Result<String, ApiError> {
+pub(crate) fn requested_model(body: &[u8]) -> Result<String, ApiError> {
     // A whole JSON object, parsed as the rewrite to a backend's model will
     // parse it: an array (which serde would read as a struct) or a body the
     // rewrite cannot read again (a number out of range, a lone surrogate) is
@@ -260,13 +261,14 @@ async fn forward(gateway: &Gateway, route: &Route, outgoing: Outgoing) -> Result
     Err(ApiError::upstream_unavailable(last_error.map(|e| error_chain(&e)).unwrap_or_else(|| "no backends".into())))
 }
 
-fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
-    let mut json: serde_json::Value = serde_json::from_slice(body)
+/// The body with its `model` set to the backend's, every other byte as the
+/// client (or the chain) wrote it.
+pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
+    // A plugin may have written the body: it must at least be JSON.
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
         .map_err(|e| ApiError::internal(format!("the plugin chain left a body that is not JSON: {e}")))?;
-    if let Some(object) = json.as_object_mut() {
-        object.insert("model".into(), serde_json::Value::String(model.to_string()));
-    }
-    Ok(Bytes::from(json.to_string()))
+    let model = serde_json::Value::from(model).to_string();
+    Ok(json_edit::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

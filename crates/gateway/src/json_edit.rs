@@ -1,0 +1,175 @@
+//! Replacing one member of a JSON object in place, every other byte left as
+//! the client wrote it: re-serializing a parsed value would change number
+//! text (an integer past u64 becomes a rounded float, some floats move by
+//! an ulp), which the upstream must not see (found by fuzzing).
+
+use std::ops::Range;
+
+/// `object` (a valid JSON object, as serde_json parsed it) with the value of
+/// every top-level member named `key` replaced by `value` (valid JSON), or
+/// `key: value` added first if there is none. `None` if `object` is not an
+/// object.
+pub fn set_member(object: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {
+    let mut scan = Scan { text: object, at: 0 };
+    scan.ws();
+    if scan.peek()? != b'{' {
+        return None;
+    }
+    let open = scan.at;
+    scan.at += 1;
+    let mut spans: Vec<Range<usize>> = Vec::new();
+    scan.ws();
+    if scan.peek()? != b'}' {
+        loop {
+            scan.ws();
+            let name = scan.string()?;
+            let decoded: String = serde_json::from_slice(&object[name]).ok()?;
+            scan.ws();
+            scan.expect(b':')?;
+            scan.ws();
+            let start = scan.at;
+            scan.value()?;
+            if decoded == key {
+                spans.push(start..scan.at);
+            }
+            scan.ws();
+            match scan.next()? {
+                b',' => continue,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(object.len() + value.len());
+    if spans.is_empty() {
+        let member = serde_json::to_string(key).ok()? + ":" + value;
+        let empty = object[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        out.extend_from_slice(&object[..=open]);
+        out.extend_from_slice(member.as_bytes());
+        if !empty {
+            out.push(b',');
+        }
+        out.extend_from_slice(&object[open + 1..]);
+        return Some(out);
+    }
+    let mut from = 0;
+    for span in spans {
+        out.extend_from_slice(&object[from..span.start]);
+        out.extend_from_slice(value.as_bytes());
+        from = span.end;
+    }
+    out.extend_from_slice(&object[from..]);
+    Some(out)
+}
+
+/// A cursor over JSON text that serde_json has already accepted, so it
+/// only needs to find where things end, not check them.
+struct Scan<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+impl Scan<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.at).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let byte = self.peek()?;
+        self.at += 1;
+        Some(byte)
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.next()? == byte).then_some(())
+    }
+
+    fn ws(&mut self) {
+        while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+            self.at += 1;
+        }
+    }
+
+    /// A string, quotes included.
+    fn string(&mut self) -> Option<Range<usize>> {
+        let start = self.at;
+        self.expect(b'"')?;
+        loop {
+            match self.next()? {
+                b'\\' => self.at += 1,
+                b'"' => return Some(start..self.at),
+                _ => {}
+            }
+        }
+    }
+
+    fn value(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match self.peek()? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.at += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.at += 1;
+                }
+            }
+            // A number, true, false or null: up to the next delimiter.
+            _ => {
+                while self.peek().is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !b.is_ascii_whitespace()) {
+                    self.at += 1;
+                }
+                Some(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(object: &str, value: &str) -> String {
+        String::from_utf8(set_member(object.as_bytes(), "model", value).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn only_the_member_changes_and_numbers_keep_their_text() {
+        let body = r#"{ "model" : "a", "x": 123456789012345678901234567890, "y": 7.509632777023061e-308,
+            "n": {"model": "inner", "s": "}\"]"}, "l": [1, {"model": 2}] }"#;
+        let out = set(body, r#""b""#);
+        assert_eq!(out, body.replacen(r#""a""#, r#""b""#, 1));
+    }
+
+    #[test]
+    fn escaped_and_repeated_keys_are_all_replaced_and_a_missing_one_is_added() {
+        assert_eq!(set(r#"{"mod\u0065l":"a","model":"c"}"#, r#""b""#), r#"{"mod\u0065l":"b","model":"b"}"#);
+        assert_eq!(set(r#"{"x":1}"#, r#""b""#), r#"{"model":"b","x":1}"#);
+        assert_eq!(set(r#"{ }"#, r#""b""#), r#"{"model":"b" }"#);
+        assert_eq!(set_member(b"[1]", "model", r#""b""#), None);
+    }
+
+    #[test]
+    fn the_result_is_what_serde_reads_with_the_member_set() {
+        for body in [r#"{"model":"a","t":0.7,"m":[{"role":"user","content":"hi \"x\" {"}]}"#, r#"{"a":null,"b":true}"#]
+        {
+            let out = set(body, r#""new""#);
+            let mut expected: serde_json::Value = serde_json::from_str(body).unwrap();
+            expected["model"] = "new".into();
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), expected, "{out}");
+        }
+    }
+}
