@@ -87,8 +87,10 @@ async fn healthz_and_other_routes_stay_responsive_while_tokens_are_counted() {
     };
     let (slowest, (worst_health, worst_plain)) = tokio::join!(load, probe);
     eprintln!("under load: /healthz at worst {worst_health:?}, plain route {worst_plain:?}, 8 trims {slowest:?}");
-    assert!(worst_health < Duration::from_millis(500), "/healthz took {worst_health:?} under load");
-    assert!(worst_plain < Duration::from_millis(1000), "a route without plugins took {worst_plain:?} under load");
+    // Bounds far above what it takes here (30-120 ms) and far below the
+    // 8.4 s it took before the fix, so a loaded CI machine cannot flake them.
+    assert!(worst_health < Duration::from_millis(1500), "/healthz took {worst_health:?} under load");
+    assert!(worst_plain < Duration::from_millis(2500), "a route without plugins took {worst_plain:?} under load");
     // 8 bodies of 4 MB, parsed and copied into the guest, on 2 shared cores.
     assert!(slowest < Duration::from_secs(4), "8 trimmed requests took {slowest:?} together");
 }
@@ -132,7 +134,7 @@ async fn a_plugin_sleeping_in_a_request_fails_at_its_deadline() {
         .expect("the sleeping plugin's request still hangs after 10 s");
     let took = started.elapsed();
     reply.assert_error(500, "plugin_failed");
-    assert!(took < Duration::from_secs(2), "the sleeping plugin's request took {took:?}");
+    assert!(took < Duration::from_secs(5), "the sleeping plugin's request took {took:?}");
     let reply = gateway.chat("m", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.echoed()["headers"]["x-hostile-seen"], "1");
