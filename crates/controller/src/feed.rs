@@ -80,9 +80,10 @@ pub struct Feed {
 impl Feed {
     /// Starts nothing yet: the watches run while [`Feed::run`] polls them.
     pub fn new(client: &Client, namespace: Option<&str>, tenancy: Arc<Tenancy>) -> Feed {
-        let (plugins, plugin_changes) = reflect::<GatewayPlugin>(api(client, namespace), Kind::Plugins);
-        let (routes, route_changes) = reflect::<AIModelRoute>(api(client, namespace), Kind::Routes);
-        let (secrets, secret_changes) = reflect::<Secret>(api(client, namespace), Kind::Secrets);
+        let all = watcher::Config::default();
+        let (plugins, plugin_changes) = reflect::<GatewayPlugin>(api(client, namespace), all.clone(), Kind::Plugins);
+        let (routes, route_changes) = reflect::<AIModelRoute>(api(client, namespace), all, Kind::Routes);
+        let (secrets, secret_changes) = reflect_secrets(api(client, namespace));
         let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
         Feed { stores: Stores { plugins, routes, secrets }, changes, tenancy }
     }
@@ -142,21 +143,37 @@ where
     }
 }
 
-fn reflect<K>(api: Api<K>, kind: Kind) -> (Store<K>, BoxStream<'static, Change>)
+fn reflect<K>(api: Api<K>, config: watcher::Config, kind: Kind) -> (Store<K>, BoxStream<'static, Change>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     <K as Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let events = watcher(api).default_backoff().reflect(writer);
+    let events = watcher::watcher(api, config).default_backoff().reflect(writer);
     (reader, changes(events, kind).boxed())
 }
 
-fn watcher<K>(api: Api<K>) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    watcher::watcher(api, watcher::Config::default())
+/// Secret types no GatewayPlugin or AIModelRoute can use, and the largest in
+/// a typical cluster (Helm keeps every release of a chart in one): the API
+/// server leaves them out of the watch.
+const UNUSED_SECRET_TYPES: &[&str] = &["helm.sh/release.v1", "kubernetes.io/service-account-token"];
+
+/// The Secrets the feed may resolve references to, kept small: unused types
+/// are not watched, and what is kept of each is its type and data (no
+/// managed fields, no annotations, which for `kubectl apply` repeat the
+/// data).
+fn reflect_secrets(api: Api<Secret>) -> (Store<Secret>, BoxStream<'static, Change>) {
+    let fields: Vec<String> = UNUSED_SECRET_TYPES.iter().map(|t| format!("type!={t}")).collect();
+    let config = watcher::Config::default().fields(&fields.join(","));
+    let (reader, writer) = reflector::store();
+    let events = watcher::watcher(api, config).default_backoff().modify(slim_secret).reflect(writer);
+    (reader, changes(events, Kind::Secrets).boxed())
+}
+
+fn slim_secret(secret: &mut Secret) {
+    secret.metadata.managed_fields = None;
+    secret.metadata.annotations = None;
+    secret.metadata.labels = None;
 }
 
 fn changes<K: Resource>(
@@ -254,4 +271,37 @@ impl Translator {
 
 pub fn generation(meta: &kube::api::ObjectMeta) -> i64 {
     meta.generation.unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    use super::*;
+
+    /// Issue 11, finding 15: what the Secret cache keeps of each Secret.
+    #[test]
+    fn a_cached_secret_keeps_its_name_type_and_data_only() {
+        let data = std::collections::BTreeMap::from([("key".to_string(), k8s_openapi::ByteString(b"v".to_vec()))]);
+        let mut secret = Secret {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("ns".into()),
+                annotations: Some(
+                    [("kubectl.kubernetes.io/last-applied-configuration".to_string(), "x".repeat(1 << 20))].into(),
+                ),
+                labels: Some([("a".to_string(), "b".to_string())].into()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            data: Some(data.clone()),
+            ..Default::default()
+        };
+        slim_secret(&mut secret);
+        assert_eq!((secret.metadata.name.as_deref(), secret.metadata.namespace.as_deref()), (Some("s"), Some("ns")));
+        assert_eq!((secret.type_.as_deref(), secret.data.as_ref()), (Some("Opaque"), Some(&data)));
+        assert!(secret.metadata.annotations.is_none() && secret.metadata.labels.is_none());
+        assert!(secret.metadata.managed_fields.is_none());
+    }
 }
