@@ -21,8 +21,8 @@ use sluice_api::{AIModelRoute, GatewayPlugin};
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
 use tokio::sync::watch;
 
-use crate::translate::Redactions;
 use crate::{Tenancy, translate};
+use sluice_core::Redactions;
 
 /// What the watches hold, shared with the status controllers.
 #[derive(Clone)]

@@ -20,7 +20,7 @@ use sluice_core::{LoadReport, LoadState, ResourceKey};
 use tokio::sync::watch;
 
 use crate::feed::Published;
-use crate::translate::Redactions;
+use sluice_core::Redactions;
 
 pub const REPORT_ANNOTATION: &str = "sluice.dev/load-report";
 /// Selects replica report Leases (not the leader Lease).

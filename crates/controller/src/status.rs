@@ -24,7 +24,9 @@ use tokio::sync::watch;
 
 use crate::feed::{Stores, api, generation};
 use crate::replica::{self, Entry, ReplicaReport};
-use crate::translate::{self, Problem, Redactions};
+use sluice_core::Redactions;
+
+use crate::translate::{self, Problem};
 use crate::{Error, Tenancy};
 
 pub const FIELD_MANAGER: &str = "sluice-gateway";

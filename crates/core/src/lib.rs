@@ -5,6 +5,7 @@
 pub mod config;
 pub mod error;
 pub mod reason;
+pub mod redact;
 pub mod report;
 
 pub use config::{
@@ -12,4 +13,5 @@ pub use config::{
     PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
 };
 pub use error::{ApiError, ErrorType};
+pub use redact::Redactions;
 pub use report::{LoadReport, LoadState};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use serde::Serialize;
 use sluice_core::{
-    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource,
+    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource, Redactions,
     RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
@@ -317,24 +317,10 @@ async fn load_plugin(
         module.configure(&decl.key.to_string(), &decl.config, limits, decl.isolation).await.map_err(|e| {
             // A plugin's error may quote its config, whose values may come
             // from Secrets (configFrom): none reaches a log, status or
-            // /admin/config. Values as they are, and as `{:?}` or JSON quote them.
-            let mut values = Vec::new();
-            let mut pending = vec![&decl.config];
-            while let Some(value) = pending.pop() {
-                match value {
-                    serde_json::Value::String(s) => {
-                        let quoted = [format!("{s:?}"), serde_json::Value::from(s.as_str()).to_string()];
-                        values.push(s.clone());
-                        values.extend(quoted.iter().map(|q| q[1..q.len() - 1].to_string()));
-                    }
-                    serde_json::Value::Array(items) => pending.extend(items),
-                    serde_json::Value::Object(map) => pending.extend(map.values()),
-                    _ => {}
-                }
-            }
-            values.retain(|v| v.len() >= 4);
-            values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-            let message = values.iter().fold(e.to_string(), |m, v| m.replace(v.as_str(), "[redacted]"));
+            // /admin/config.
+            let mut config_values = Redactions::default();
+            config_values.add_strings(&decl.config);
+            let message = config_values.apply(&e.to_string());
             LoadFailure { transient: e.is_transient(), ..LoadFailure::permanent(message) }
         })?;
     if decl.phase == Phase::Auth && !configured.hooks().contains(Hooks::REQUEST) {

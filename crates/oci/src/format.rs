@@ -340,13 +340,7 @@ mod tests {
             header.set_cksum();
             builder.append_data(&mut header, name, *data).unwrap();
         }
-        let tar = builder.into_inner().unwrap();
-        if !gzip {
-            return tar;
-        }
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        std::io::Write::write_all(&mut encoder, &tar).unwrap();
-        encoder.finish().unwrap()
+        gzipped_if(builder.into_inner().unwrap(), gzip)
     }
 
     #[test]
@@ -376,6 +370,15 @@ mod tests {
         }
     }
 
+    fn gzipped_if(tar: Vec<u8>, gzip: bool) -> Vec<u8> {
+        if !gzip {
+            return tar;
+        }
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, &tar).unwrap();
+        encoder.finish().unwrap()
+    }
+
     /// A tar of raw entries: (entry type, name, data), headers as given.
     fn raw_tar(entries: &[(tar::EntryType, &str, &[u8])], gzip: bool) -> Vec<u8> {
         let mut builder = tar::Builder::new(Vec::new());
@@ -388,13 +391,7 @@ mod tests {
             header.set_cksum();
             builder.append(&header, *data).unwrap();
         }
-        let tar = builder.into_inner().unwrap();
-        if !gzip {
-            return tar;
-        }
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        std::io::Write::write_all(&mut encoder, &tar).unwrap();
-        encoder.finish().unwrap()
+        gzipped_if(builder.into_inner().unwrap(), gzip)
     }
 
     fn over_limit(result: Result<Vec<u8>, OciError>) -> (String, u64) {
