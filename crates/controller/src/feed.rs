@@ -6,12 +6,15 @@
 //! back) converges on the truth, deletions included, with no finalizers: the
 //! only state outside the objects is this process's memory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream};
 use futures_util::{FutureExt as _, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -21,6 +24,7 @@ use sluice_api::{AIModelRoute, GatewayPlugin};
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
 use tokio::sync::watch;
 
+use crate::secrets::{self, ReferencedSecrets};
 use crate::{Tenancy, translate};
 use sluice_core::Redactions;
 
@@ -29,7 +33,28 @@ use sluice_core::Redactions;
 pub struct Stores {
     pub plugins: Store<GatewayPlugin>,
     pub routes: Store<AIModelRoute>,
-    pub secrets: Store<Secret>,
+    pub secrets: Arc<ReferencedSecrets>,
+    /// Events seen per watch (by [`Kind`]): what changed since a result
+    /// computed from the stores, without looking at every object.
+    versions: Arc<[AtomicU64; 3]>,
+}
+
+impl Stores {
+    /// Moves on whenever any store changes (after the store has).
+    pub fn version(&self) -> u64 {
+        self.versions.iter().map(|v| v.load(Ordering::Acquire)).sum::<u64>() + self.secrets.version()
+    }
+
+    /// Every Secret the resources name, by namespace and name.
+    fn referenced_secrets(&self) -> HashSet<(String, String)> {
+        let plugins = self.plugins.state();
+        let routes = self.routes.state();
+        let from_plugins =
+            plugins.iter().flat_map(|p| secrets::keys(&p.key().namespace, p.secret_names()).collect::<Vec<_>>());
+        let from_routes =
+            routes.iter().flat_map(|r| secrets::keys(&r.key().namespace, r.secret_names()).collect::<Vec<_>>());
+        from_plugins.chain(from_routes).collect()
+    }
 }
 
 /// Which generation of each resource went into which published revision,
@@ -57,6 +82,16 @@ impl Published {
     }
 }
 
+/// How soon a Secret that could not be fetched is asked for again.
+const SECRET_RETRY: Duration = Duration::from_secs(5);
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Which watch an event came from.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -81,11 +116,16 @@ impl Feed {
     /// Starts nothing yet: the watches run while [`Feed::run`] polls them.
     pub fn new(client: &Client, namespace: Option<&str>, tenancy: Arc<Tenancy>) -> Feed {
         let all = watcher::Config::default();
-        let (plugins, plugin_changes) = reflect::<GatewayPlugin>(api(client, namespace), all.clone(), Kind::Plugins);
-        let (routes, route_changes) = reflect::<AIModelRoute>(api(client, namespace), all, Kind::Routes);
-        let (secrets, secret_changes) = reflect_secrets(api(client, namespace));
+        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
+        let (plugins, plugin_changes) =
+            reflect::<GatewayPlugin>(api(client, namespace), all.clone(), Kind::Plugins, versions.clone());
+        let (routes, route_changes) =
+            reflect::<AIModelRoute>(api(client, namespace), all, Kind::Routes, versions.clone());
+        let (secret_metadata, secret_changes) =
+            reflect_secrets(api::<PartialObjectMeta<Secret>>(client, namespace), versions.clone());
+        let secrets = Arc::new(ReferencedSecrets::new(client.clone(), secret_metadata));
         let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
-        Feed { stores: Stores { plugins, routes, secrets }, changes, tenancy }
+        Feed { stores: Stores { plugins, routes, secrets, versions }, changes, tenancy }
     }
 
     /// Publishes the desired config once every watch has listed, then after
@@ -99,11 +139,14 @@ impl Feed {
         changed: watch::Sender<u64>,
     ) {
         let mut listed = [false; 3];
+        let mut retry_secrets = None;
         let mut translator = Translator::new(self.tenancy.clone());
         loop {
             let change = tokio::select! {
                 change = self.changes.next() => change,
                 () = updates.closed() => return,
+                // A Secret that could not be fetched is asked for again.
+                () = sleep_until(retry_secrets) => Some(Change { kind: Kind::Secrets, listed: false }),
             };
             let Some(change) = change else { return };
             listed[change.kind as usize] |= change.listed;
@@ -115,6 +158,8 @@ impl Feed {
             while let Some(Some(change)) = self.changes.next().now_or_never() {
                 listed[change.kind as usize] |= change.listed;
             }
+            let fetched = self.stores.secrets.sync(&self.stores.referenced_secrets(), true).await;
+            retry_secrets = (!fetched).then(|| tokio::time::Instant::now() + SECRET_RETRY);
             let Some((desired, generations)) = translator.next(&self.stores) else { continue };
             tracing::info!(
                 revision = desired.revision,
@@ -143,14 +188,19 @@ where
     }
 }
 
-fn reflect<K>(api: Api<K>, config: watcher::Config, kind: Kind) -> (Store<K>, BoxStream<'static, Change>)
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    versions: Arc<[AtomicU64; 3]>,
+) -> (Store<K>, BoxStream<'static, Change>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     <K as Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
     let events = watcher::watcher(api, config).default_backoff().reflect(writer);
-    (reader, changes(events, kind).boxed())
+    (reader, changes(events, kind, versions).boxed())
 }
 
 /// Secret types no GatewayPlugin or AIModelRoute can use, and the largest in
@@ -158,19 +208,20 @@ where
 /// server leaves them out of the watch.
 const UNUSED_SECRET_TYPES: &[&str] = &["helm.sh/release.v1", "kubernetes.io/service-account-token"];
 
-/// The Secrets the feed may resolve references to, kept small: unused types
-/// are not watched, and what is kept of each is its type and data (no
-/// managed fields, no annotations, which for `kubectl apply` repeat the
-/// data).
-fn reflect_secrets(api: Api<Secret>) -> (Store<Secret>, BoxStream<'static, Change>) {
+/// Every Secret in scope, by metadata alone and only name and version of
+/// that: [`ReferencedSecrets`] fetches the data of those resources name.
+fn reflect_secrets(
+    api: Api<PartialObjectMeta<Secret>>,
+    versions: Arc<[AtomicU64; 3]>,
+) -> (Store<PartialObjectMeta<Secret>>, BoxStream<'static, Change>) {
     let fields: Vec<String> = UNUSED_SECRET_TYPES.iter().map(|t| format!("type!={t}")).collect();
     let config = watcher::Config::default().fields(&fields.join(","));
     let (reader, writer) = reflector::store();
-    let events = watcher::watcher(api, config).default_backoff().modify(slim_secret).reflect(writer);
-    (reader, changes(events, Kind::Secrets).boxed())
+    let events = watcher::watcher(api, config).default_backoff().modify(slim_metadata).reflect(writer);
+    (reader, changes(events, Kind::Secrets, versions).boxed())
 }
 
-fn slim_secret(secret: &mut Secret) {
+fn slim_metadata(secret: &mut PartialObjectMeta<Secret>) {
     secret.metadata.managed_fields = None;
     secret.metadata.annotations = None;
     secret.metadata.labels = None;
@@ -179,52 +230,123 @@ fn slim_secret(secret: &mut Secret) {
 fn changes<K: Resource>(
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     kind: Kind,
+    versions: Arc<[AtomicU64; 3]>,
 ) -> impl Stream<Item = Change> + Send + 'static {
+    let mut seen: HashMap<(String, String), String> = HashMap::new();
     events.filter_map(move |event| {
         let change = match event {
-            Ok(Event::Apply(_) | Event::Delete(_)) => Some(Change { kind, listed: false }),
+            // Our own status writes come back as events too: one per route,
+            // 10,000 at a time. Only a new spec (or object) is a change.
+            Ok(Event::Apply(object)) => {
+                let signature = signature(object.meta());
+                (seen.insert(ref_key(object.meta()), signature.clone()) != Some(signature))
+                    .then_some(Change { kind, listed: false })
+            }
+            Ok(Event::InitApply(object)) => {
+                seen.insert(ref_key(object.meta()), signature(object.meta()));
+                None
+            }
+            Ok(Event::Delete(object)) => {
+                seen.remove(&ref_key(object.meta()));
+                Some(Change { kind, listed: false })
+            }
             // The store swaps in a whole new list at InitDone; nothing before it counts.
             Ok(Event::InitDone) => Some(Change { kind, listed: true }),
-            Ok(Event::Init | Event::InitApply(_)) => None,
+            Ok(Event::Init) => None,
             Err(error) => {
                 // The backoff retries; the store keeps the last list meanwhile.
                 tracing::warn!(%error, "watch failed; retrying");
                 None
             }
         };
+        if change.is_some() {
+            // The store already holds this event: it is written as events pass.
+            versions[kind as usize].fetch_add(1, Ordering::AcqRel);
+        }
         std::future::ready(change)
     })
+}
+
+fn ref_key(meta: &kube::api::ObjectMeta) -> (String, String) {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
+/// What a translation reads of an object's identity and version: its uid,
+/// and its generation (which only the spec moves), or its resourceVersion
+/// for kinds without one (Secrets, whose data is their spec).
+fn signature(meta: &kube::api::ObjectMeta) -> String {
+    let uid = meta.uid.as_deref().unwrap_or_default();
+    match meta.generation {
+        Some(generation) => format!("{uid}/{generation}"),
+        None => format!("{uid}/{}", meta.resource_version.as_deref().unwrap_or_default()),
+    }
 }
 
 /// Turns the watches' contents into desired configs, keeping each
 /// resource's last good declaration: a resource whose new generation is
 /// invalid or refers to something missing goes on being served as it was.
+///
+/// Only what changed is translated again: an object whose [`signature`]
+/// is the one last translated, with the same Secrets (and, for a route, the
+/// same set of plugins), would translate the same way. So a change to one
+/// of 10,000 routes costs one translation, not 10,000.
 struct Translator {
     tenancy: Arc<Tenancy>,
     revision: u64,
     plugins: HashMap<ResourceKey, (i64, PluginDecl, Redactions)>,
     routes: HashMap<ResourceKey, (i64, RouteDecl, Redactions)>,
+    /// The [`signature`] last translated, per object.
+    translated_plugins: HashMap<ResourceKey, String>,
+    translated_routes: HashMap<ResourceKey, String>,
+    /// The Secrets store's version at the last translation.
+    secrets_version: Option<u64>,
     last: Option<(Vec<PluginDecl>, Vec<RouteDecl>)>,
+    /// Translations done, for the tests.
+    translations: usize,
 }
 
 impl Translator {
     fn new(tenancy: Arc<Tenancy>) -> Translator {
-        Translator { tenancy, revision: 0, plugins: HashMap::new(), routes: HashMap::new(), last: None }
+        Translator {
+            tenancy,
+            revision: 0,
+            plugins: HashMap::new(),
+            routes: HashMap::new(),
+            translated_plugins: HashMap::new(),
+            translated_routes: HashMap::new(),
+            secrets_version: None,
+            last: None,
+            translations: 0,
+        }
     }
 
     /// The next desired config, or `None` if nothing the data plane sees has changed.
     fn next(&mut self, stores: &Stores) -> Option<(DesiredConfig, Generations)> {
+        let secrets_version = stores.secrets.version();
+        let secrets_changed = self.secrets_version.replace(secrets_version) != Some(secrets_version);
         let mut generations = Generations::default();
         let plugin_objects = stores.plugins.state();
         let mut present = HashMap::new();
+        let plugin_keys_before = self.plugins.len();
+        let mut plugins_added = false;
         for object in &plugin_objects {
             let key = object.key();
             present.insert(key.clone(), ());
-            if let (Ok(decl), redactions) = translate::plugin_redacted(object, &stores.secrets, &self.tenancy) {
-                self.plugins.insert(key, (generation(object.meta()), decl, redactions));
+            let version = signature(&object.metadata);
+            if !secrets_changed && self.translated_plugins.get(&key) == Some(&version) {
+                continue;
+            }
+            self.translations += 1;
+            self.translated_plugins.insert(key.clone(), version);
+            if let (Ok(decl), redactions) = translate::plugin_redacted(object, &*stores.secrets, &self.tenancy) {
+                let old = self.plugins.insert(key, (generation(object.meta()), decl, redactions));
+                plugins_added |= old.is_none();
             }
         }
         self.plugins.retain(|key, _| present.contains_key(key));
+        self.translated_plugins.retain(|key, _| present.contains_key(key));
+        // Routes refer to plugins by key: a plugin come or gone changes them.
+        let plugin_set_changed = plugins_added || self.plugins.len() != plugin_keys_before;
         let mut plugins: Vec<PluginDecl> = self.plugins.values().map(|(_, d, _)| d.clone()).collect();
         plugins.sort_by(|a, b| a.key.cmp(&b.key));
         for (key, (generation, _, redactions)) in &self.plugins {
@@ -237,12 +359,19 @@ impl Translator {
         for object in &route_objects {
             let key = object.key();
             present.insert(key.clone(), object.clone());
+            let version = signature(&object.metadata);
+            if !secrets_changed && !plugin_set_changed && self.translated_routes.get(&key) == Some(&version) {
+                continue;
+            }
+            self.translations += 1;
+            self.translated_routes.insert(key.clone(), version);
             let exists = |plugin: &ResourceKey| self.plugins.contains_key(plugin);
-            if let (Ok(decl), redactions) = translate::route_redacted(object, &stores.secrets, &self.tenancy, exists) {
+            if let (Ok(decl), redactions) = translate::route_redacted(object, &*stores.secrets, &self.tenancy, exists) {
                 self.routes.insert(key, (generation(object.meta()), decl, redactions));
             }
         }
         self.routes.retain(|key, _| present.contains_key(key));
+        self.translated_routes.retain(|key, _| present.contains_key(key));
         let candidates: Vec<(&AIModelRoute, &RouteDecl)> =
             self.routes.iter().map(|(key, (_, decl, _))| (present[key].as_ref(), decl)).collect();
         let conflicts = translate::model_conflicts(&candidates);
@@ -275,33 +404,76 @@ pub fn generation(meta: &kube::api::ObjectMeta) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
-
     use super::*;
 
-    /// Issue 11, finding 15: what the Secret cache keeps of each Secret.
-    #[test]
-    fn a_cached_secret_keeps_its_name_type_and_data_only() {
-        let data = std::collections::BTreeMap::from([("key".to_string(), k8s_openapi::ByteString(b"v".to_vec()))]);
-        let mut secret = Secret {
-            metadata: ObjectMeta {
-                name: Some("s".into()),
-                namespace: Some("ns".into()),
-                annotations: Some(
-                    [("kubectl.kubernetes.io/last-applied-configuration".to_string(), "x".repeat(1 << 20))].into(),
-                ),
-                labels: Some([("a".to_string(), "b".to_string())].into()),
-                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
-                ..Default::default()
-            },
-            type_: Some("Opaque".into()),
-            data: Some(data.clone()),
-            ..Default::default()
+    fn route(i: usize, generation: i64, model: &str) -> AIModelRoute {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
+            "metadata": {"name": format!("r{i}"), "namespace": "team", "generation": generation,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"models": [model], "backends": [{"url": "http://127.0.0.1:1/v1"}]}
+        }))
+        .unwrap()
+    }
+
+    /// Issue 11, finding 13: a change to one of many routes translates that
+    /// route, not all of them; a Secret change translates everything again.
+    #[tokio::test]
+    async fn only_changed_objects_are_translated_again() {
+        let (plugins, _plugin_writer) = reflector::store::<GatewayPlugin>();
+        let (routes, mut route_writer) = reflector::store::<AIModelRoute>();
+        let (secret_metadata, _secret_writer) = reflector::store();
+        // Never connected: these routes name no Secret.
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let secrets = Arc::new(ReferencedSecrets::new(Client::try_from(config).unwrap(), secret_metadata));
+        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
+        let stores = Stores { plugins, routes, secrets: secrets.clone(), versions };
+        let count = 2_000;
+        for i in 0..count {
+            route_writer.apply_watcher_event(&Event::Apply(route(i, 1, &format!("m{i}"))));
+        }
+        let mut translator = Translator::new(Arc::new(Tenancy::default().resolved("team")));
+        let (first, _) = translator.next(&stores).unwrap();
+        assert_eq!((first.routes.len(), translator.translations), (count, count));
+
+        route_writer.apply_watcher_event(&Event::Apply(route(7, 2, "renamed")));
+        let (second, generations) = translator.next(&stores).unwrap();
+        assert_eq!(translator.translations, count + 1);
+        assert!(second.routes.iter().any(|r| r.models == ["renamed"]));
+        assert_eq!(generations.routes.len(), count);
+        // Nothing changed: nothing translated, nothing published.
+        assert!(translator.next(&stores).is_none());
+        assert_eq!(translator.translations, count + 1);
+
+        secrets.touch();
+        assert!(translator.next(&stores).is_none());
+        assert_eq!(translator.translations, 2 * count + 1);
+    }
+
+    /// Issue 11, finding 13: the leader's status writes come back to every
+    /// replica's watch; only a new generation (or object) makes a pass.
+    #[tokio::test]
+    async fn status_writes_are_not_changes() {
+        let with_status = |generation: i64, version: &str, loaded: &str| {
+            let mut route = route(1, generation, "m");
+            route.metadata.resource_version = Some(version.into());
+            route.metadata.uid = Some("u1".into());
+            route.status = Some(sluice_api::AIModelRouteStatus { loaded: Some(loaded.into()), ..Default::default() });
+            route
         };
-        slim_secret(&mut secret);
-        assert_eq!((secret.metadata.name.as_deref(), secret.metadata.namespace.as_deref()), (Some("s"), Some("ns")));
-        assert_eq!((secret.type_.as_deref(), secret.data.as_ref()), (Some("Opaque"), Some(&data)));
-        assert!(secret.metadata.annotations.is_none() && secret.metadata.labels.is_none());
-        assert!(secret.metadata.managed_fields.is_none());
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(with_status(1, "10", "0/1"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(with_status(1, "11", "1/1"))),
+            Ok(Event::Apply(with_status(2, "12", "1/1"))),
+            Ok(Event::Apply(with_status(2, "13", "0/1"))),
+            Ok(Event::Delete(with_status(2, "14", "0/1"))),
+        ];
+        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
+        let changes: Vec<Change> = changes(stream::iter(events), Kind::Routes, versions.clone()).collect().await;
+        let listed: Vec<bool> = changes.iter().map(|c| c.listed).collect();
+        assert_eq!(listed, [true, false, false], "the list, generation 2, the deletion");
+        assert_eq!(versions[Kind::Routes as usize].load(Ordering::Acquire), 3);
     }
 }

@@ -11,6 +11,7 @@
 mod feed;
 mod leader;
 mod replica;
+mod secrets;
 mod status;
 mod tenancy;
 mod translate;

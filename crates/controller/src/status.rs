@@ -15,15 +15,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, ReplicaStatus};
-use sluice_core::reason;
+use sluice_core::{ResourceKey, reason};
 use tokio::sync::watch;
 
 use crate::feed::{Stores, api, generation};
-use crate::replica::{self, Entry, ReplicaReport};
+use crate::replica::{self, Entry, ReplicaReport, Reports};
+use crate::secrets;
 use sluice_core::Redactions;
 
 use crate::translate::{self, Problem};
@@ -32,15 +33,25 @@ use crate::{Error, Tenancy};
 pub const FIELD_MANAGER: &str = "sluice-gateway";
 /// Re-check even with no event: a replica whose Lease expires changes `loaded`.
 const RESYNC: Duration = Duration::from_secs(30);
+/// Status reconciles at once, per kind. Unbounded, a pass over 10,000
+/// routes (a new report, a republished config) sends 10,000 requests at
+/// once and the API server times out everyone's handshakes.
+const CONCURRENCY: u16 = 16;
+/// A replica's report Leases are deleted this long after it stopped renewing.
+const GONE_AFTER: Duration = Duration::from_secs(600);
 
 pub struct Context {
     pub client: Client,
     pub stores: Stores,
-    pub replicas: Store<Lease>,
+    pub reports: Arc<Reports>,
     pub recorder: Recorder,
     pub tenancy: Arc<Tenancy>,
     /// Consecutive failures per object, for the error backoff.
     pub failures: Mutex<HashMap<String, u32>>,
+    /// Model conflicts over every valid route, computed once per change of
+    /// the watched objects rather than once per reconcile (which would make
+    /// a pass over all routes quadratic).
+    conflicts: Mutex<Option<(u64, Arc<HashMap<ResourceKey, Problem>>)>>,
 }
 
 /// Runs both status controllers until dropped (on losing the lead).
@@ -57,43 +68,66 @@ pub async fn run(
 ) {
     // Replica reports: every change to one re-reconciles everything.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
-    let selector = format!("{}={}", replica::ROLE_LABEL, replica::ROLE_REPLICA);
+    let selector = format!("{} in ({},{})", replica::ROLE_LABEL, replica::ROLE_REPLICA, replica::ROLE_PART);
     let (replicas, writer) = kube::runtime::reflector::store();
+    let reports = Arc::new(Reports::new(replicas.clone(), &lease_namespace));
     let (reports_tx, reports_rx) = watch::channel(0u64);
-    let mut last_annotations = HashMap::new();
-    let report_watch = watcher::watcher(leases, watcher::Config::default().labels(&selector))
+    let report_watch = watcher::watcher(leases.clone(), watcher::Config::default().labels(&selector))
         .default_backoff()
         .reflect(writer)
         .applied_objects()
-        .for_each(move |lease| {
-            // Renewals alone change nothing the leader writes.
-            if let Ok(lease) = lease {
-                let report = lease.annotations().get(replica::REPORT_ANNOTATION).cloned();
-                if last_annotations.insert(lease.name_any(), report.clone()) != Some(report) {
+        .for_each({
+            let reports = reports.clone();
+            move |lease| {
+                // Renewals alone change nothing the leader writes.
+                if let Ok(lease) = lease
+                    && reports.observe(&lease)
+                {
                     reports_tx.send_modify(|n| *n += 1);
                 }
+                std::future::ready(())
             }
-            std::future::ready(())
         });
+    let collect_expired = {
+        let reports = reports.clone();
+        async move {
+            loop {
+                tokio::time::sleep(RESYNC).await;
+                reports.collect_expired(&leases, GONE_AFTER, Timestamp::now()).await;
+            }
+        }
+    };
 
     // A new leader's first statuses must not count replicas or Secrets it has not listed yet.
     let listed = {
-        let (replicas, stores) = (replicas.clone(), stores.clone());
+        let (replicas, stores, reports) = (replicas.clone(), stores.clone(), reports.clone());
         async move {
             let _ = replicas.wait_until_ready().await;
+            // The list came in before the store had it: assemble what it holds now.
+            reports.observe_all();
             let _ = stores.plugins.wait_until_ready().await;
             let _ = stores.routes.wait_until_ready().await;
-            let _ = stores.secrets.wait_until_ready().await;
+            stores.secrets.wait_until_ready().await;
         }
     };
-    let ctx =
-        Arc::new(Context { client: client.clone(), stores, replicas, recorder, tenancy, failures: Mutex::default() });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        stores,
+        reports,
+        recorder,
+        tenancy,
+        failures: Mutex::default(),
+        conflicts: Mutex::default(),
+    });
+    let config = kube::runtime::controller::Config::default().concurrency(CONCURRENCY);
     let plugins = Controller::new(api::<GatewayPlugin>(&client, namespace.as_deref()), watcher::Config::default())
+        .with_config(config.clone())
         .reconcile_all_on(ticks(changed.clone()))
         .reconcile_all_on(ticks(reports_rx.clone()))
         .run(reconcile_plugin, error_policy, ctx.clone())
         .for_each(log_outcome);
     let routes = Controller::new(api::<AIModelRoute>(&client, namespace.as_deref()), watcher::Config::default())
+        .with_config(config)
         .reconcile_all_on(ticks(changed))
         .reconcile_all_on(ticks(reports_rx))
         .run(reconcile_route, error_policy, ctx)
@@ -102,7 +136,7 @@ pub async fn run(
         listed.await;
         tokio::join!(plugins, routes);
     };
-    tokio::join!(report_watch, controllers);
+    tokio::join!(report_watch, collect_expired, controllers);
 }
 
 fn ticks(rx: watch::Receiver<u64>) -> impl futures_util::Stream<Item = ()> + Send + 'static {
@@ -138,7 +172,10 @@ fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ct
 async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = plugin.key();
     let generation = generation(&plugin.metadata);
-    let (translated, redactions) = translate::plugin_redacted(&plugin, &ctx.stores.secrets, &ctx.tenancy);
+    // A Secret named since the feed last looked is fetched here, not reported missing.
+    let wanted = secrets::keys(&key.namespace, plugin.secret_names()).collect();
+    ctx.stores.secrets.sync(&wanted, false).await;
+    let (translated, redactions) = translate::plugin_redacted(&plugin, &*ctx.stores.secrets, &ctx.tenancy);
     let problem = translated.err();
     let replicas = ctx.live_reports();
     let views = views(&replicas, |report| report.plugins.get(&key.to_string()), generation, &redactions);
@@ -181,23 +218,12 @@ async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<
     let plugin_exists = |plugin: &sluice_core::ResourceKey| {
         ctx.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
     };
-    let (translated, redactions) = translate::route_redacted(&route, &ctx.stores.secrets, &ctx.tenancy, plugin_exists);
+    let wanted = secrets::keys(&key.namespace, route.secret_names()).collect();
+    ctx.stores.secrets.sync(&wanted, false).await;
+    let (translated, redactions) = translate::route_redacted(&route, &*ctx.stores.secrets, &ctx.tenancy, plugin_exists);
     let problem = match translated {
         Err(problem) => Some(problem),
-        Ok(decl) => {
-            // Conflicts are decided over every valid route, as the feed does.
-            let all = ctx.stores.routes.state();
-            let decls: Vec<_> = all
-                .iter()
-                .filter(|r| r.key() != key)
-                .filter_map(|r| {
-                    translate::route(r, &ctx.stores.secrets, &ctx.tenancy, plugin_exists).ok().map(|d| (r.as_ref(), d))
-                })
-                .collect();
-            let mut pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
-            pairs.push((&*route, &decl));
-            translate::model_conflicts(&pairs).remove(&key)
-        }
+        Ok(_) => ctx.conflicts().get(&key).cloned(),
     };
     let replicas = ctx.live_reports();
     let views = views(&replicas, |report| report.routes.get(&key.to_string()), generation, &redactions);
@@ -226,8 +252,35 @@ where
 }
 
 impl Context {
-    fn live_reports(&self) -> BTreeMap<String, ReplicaReport> {
-        replica::live_reports(&self.replicas.state(), Timestamp::now())
+    fn live_reports(&self) -> BTreeMap<String, Arc<ReplicaReport>> {
+        self.reports.live(Timestamp::now())
+    }
+
+    /// The model conflicts among the routes as the stores hold them now.
+    fn conflicts(&self) -> Arc<HashMap<ResourceKey, Problem>> {
+        // Read before the stores: a change that lands meanwhile moves it on,
+        // so what is cached under it is never older than it says.
+        let version = self.stores.version();
+        if let Some((cached, conflicts)) = &*self.conflicts.lock().expect("conflicts lock")
+            && *cached == version
+        {
+            return conflicts.clone();
+        }
+        let plugin_exists = |plugin: &ResourceKey| {
+            self.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
+        };
+        let routes = self.stores.routes.state();
+        let decls: Vec<_> = routes
+            .iter()
+            .filter_map(|r| {
+                let decl = translate::route(r, &*self.stores.secrets, &self.tenancy, plugin_exists).ok()?;
+                Some((r.as_ref(), decl))
+            })
+            .collect();
+        let pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
+        let conflicts = Arc::new(translate::model_conflicts(&pairs));
+        *self.conflicts.lock().expect("conflicts lock") = Some((version, conflicts.clone()));
+        conflicts
     }
 
     fn succeeded(&self, key: &str) {
@@ -269,7 +322,7 @@ impl Context {
 /// redact their own reports; the values this leader reads are cut again, in
 /// case a replica did not.
 fn views<'a>(
-    replicas: &'a BTreeMap<String, ReplicaReport>,
+    replicas: &'a BTreeMap<String, Arc<ReplicaReport>>,
     entry: impl Fn(&'a ReplicaReport) -> Option<&'a Entry>,
     generation: i64,
     redactions: &Redactions,
@@ -398,7 +451,7 @@ mod tests {
         let mut report = ReplicaReport::default();
         let state = sluice_core::LoadState::failed("LoadFailed", "p: header value \"sk-planted\" is invalid", None);
         report.plugins.insert("ns/p".into(), Entry { generation: 2, state });
-        let replicas = BTreeMap::from([("a".to_string(), report)]);
+        let replicas = BTreeMap::from([("a".to_string(), Arc::new(report))]);
         let mut redactions = Redactions::default();
         redactions.add("sk-planted");
         let views = views(&replicas, |r| r.plugins.get("ns/p"), 2, &redactions);
