@@ -287,6 +287,44 @@ async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() 
     }
 }
 
+/// Issue 11, finding 15: the gateway holds the data of the Secrets resources
+/// name, not of every Secret in the namespaces it watches. 100 Secrets of
+/// 1 MB that nothing names must not reach its memory; the one a route names
+/// still reaches the backend.
+#[tokio::test]
+async fn secrets_no_resource_names_are_not_held_in_memory() {
+    let (cluster, ns) = cluster_with_namespace("secret-bound").await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+    let before = gateway.rss_bytes();
+
+    let scratch = tempfile::tempdir().unwrap();
+    // 1,000,000 bytes each, under the API server's 1 MiB for a Secret's data.
+    let value = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, vec![b'x'; 1_000_000]);
+    let count = 100;
+    for i in 0..count {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bulk-{i}\n  namespace: {ns}\ndata:\n  blob: {value}\n"
+        );
+        std::fs::write(scratch.path().join(format!("bulk-{i}.yaml")), yaml).unwrap();
+    }
+    cluster.kubectl_ok(&["create", "-o", "name", "-f", scratch.path().to_str().unwrap()]).await;
+    let named = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: named\n  namespace: NS\nstringData:\n  apiKey: sk-named\n";
+    cluster.apply(&named.replace("NS", &ns)).await;
+    let backend_key = "apiKeySecretRef: {name: named, key: apiKey}\n";
+    cluster.apply(&route_yaml(&ns, "chat", "gpt-bound", &echo.url(), &[], backend_key)).await;
+    // The watch delivers events in order: once the route serves, the gateway has seen every bulk Secret.
+    eventually("the named Secret to reach the backend", WAIT, async || {
+        let reply = gateway.chat("gpt-bound", &[]).await;
+        let echoed = (reply.status == 200).then(|| reply.echoed())?;
+        (echoed["headers"]["authorization"] == "Bearer sk-named").then_some(())
+    })
+    .await;
+    let grown = gateway.rss_bytes().saturating_sub(before);
+    // Holding them would take at least their 100 MB.
+    assert!(grown < 40 << 20, "the gateway grew by {} MiB with {count} MB of Secrets nothing names", grown >> 20);
+}
+
 /// Pushes a built plugin to `reference`.
 async fn push(module: &str, reference: &str) -> String {
     let scratch = tempfile::tempdir().unwrap();
@@ -550,6 +588,13 @@ async fn deploy_manifests_apply_and_their_rbac_is_enough_to_run_the_gateway() {
         condition(p, "Ready") == Some(("True", "Loaded")) && p["status"]["loaded"] == "1/1"
     })
     .await;
+    // On shutdown the replica withdraws its report Lease (which needs `delete`).
+    let mut gateway = gateway;
+    gateway.terminate();
+    gateway.wait_exit(Duration::from_secs(30)).await.expect("the gateway exits on SIGTERM");
+    let (found, _, _) =
+        cluster.kubectl_result(&["get", "lease", "sluice-replica-sa-replica", "-n", "sluice-system"]).await;
+    assert!(!found, "the replica's report Lease outlived it");
     assert!(!gateway.log().contains("forbidden"), "{}", gateway.log());
 }
 
