@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use notify::{RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 use sluice_api::Document;
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginSource, ResourceError};
@@ -33,7 +34,7 @@ impl FileSource {
     pub async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            if event.is_ok_and(|event| changes_files(&event.kind)) {
                 let _ = events_tx.send(());
             }
         });
@@ -53,28 +54,51 @@ impl FileSource {
         };
 
         let mut last_fingerprint = None;
+        // What the files looked like at the last read, and the plugin files it named.
+        let mut last_stat: Option<([u8; 32], Vec<PathBuf>)> = None;
+        let mut event = true;
         loop {
             let dir = self.dir.clone();
-            let read = tokio::task::spawn_blocking(move || read_dir(&dir)).await;
-            if let Ok((update, fingerprint)) = read
-                && last_fingerprint != Some(fingerprint)
-            {
-                last_fingerprint = Some(fingerprint);
-                if updates.send(Some(update)).is_err() {
-                    return;
+            let known = last_stat.take();
+            let read = tokio::task::spawn_blocking(move || {
+                // A poll with nothing changed on disk only stats the files:
+                // reading and parsing 10,000 resources every 2 s would cost
+                // half a core while idle. An event always reads.
+                let plugin_files = known.as_ref().map(|(_, files)| files.clone()).unwrap_or_default();
+                let stat = stat_fingerprint(&dir, &plugin_files);
+                if !event && known.as_ref().is_some_and(|(before, _)| *before == stat) {
+                    return (None, known);
+                }
+                let (update, fingerprint) = read_dir(&dir);
+                let plugin_files = plugin_files_of(&update);
+                // Stat again with the plugin files this read names.
+                let stat = stat_fingerprint(&dir, &plugin_files);
+                (Some((update, fingerprint)), Some((stat, plugin_files)))
+            })
+            .await;
+            if let Ok((read, stat)) = read {
+                last_stat = stat;
+                if let Some((update, fingerprint)) = read
+                    && last_fingerprint != Some(fingerprint)
+                {
+                    last_fingerprint = Some(fingerprint);
+                    if updates.send(Some(update)).is_err() {
+                        return;
+                    }
                 }
             }
-            tokio::select! {
+            event = tokio::select! {
                 event = events.recv() => {
                     if event.is_none() {
                         return;
                     }
                     tokio::time::sleep(SETTLE).await;
                     while events.try_recv().is_ok() {}
+                    true
                 }
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(POLL) => false,
                 () = updates.closed() => return,
-            }
+            };
         }
     }
 }
@@ -130,6 +154,61 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
     (update, fingerprint)
 }
 
+/// Whether a watcher event may change what the directory says. Opening and
+/// reading are not: inotify reports our own reads, and taking them as
+/// changes made every read cause the next one, 20 times a second.
+fn changes_files(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+/// The plugin files a config names (they may live outside the directory).
+fn plugin_files_of(update: &ConfigUpdate) -> Vec<PathBuf> {
+    let ConfigUpdate::Desired(desired) = update else { return Vec::new() };
+    let files = desired.plugins.iter().filter_map(|plugin| match &plugin.source {
+        PluginSource::File(path) => Some(path.clone()),
+        _ => None,
+    });
+    files.collect()
+}
+
+/// What a poll compares before reading anything: the path, size, mtime,
+/// ctime and inode of each YAML file and of each plugin file. Editors that
+/// replace a file change its inode; writes in place change mtime and ctime.
+fn stat_fingerprint(dir: &Path, plugin_files: &[PathBuf]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    let mut stat = |path: &Path| {
+        hasher.update(path.to_string_lossy().as_bytes());
+        match std::fs::metadata(path) {
+            Ok(meta) => {
+                hasher.update(meta.len().to_le_bytes());
+                let modified = meta.modified().ok().and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
+                hasher.update(modified.unwrap_or_default().as_nanos().to_le_bytes());
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::MetadataExt;
+                    hasher.update(meta.ino().to_le_bytes());
+                    hasher.update(meta.ctime().to_le_bytes());
+                    hasher.update(meta.ctime_nsec().to_le_bytes());
+                }
+            }
+            Err(error) => hasher.update(error.to_string().as_bytes()),
+        }
+    };
+    let mut errors = Vec::new();
+    walk_yaml(dir, &mut |path| stat(path), &mut errors, &mut BTreeSet::new());
+    for path in plugin_files {
+        stat(path);
+    }
+    for error in &errors {
+        hasher.update(error.message.as_bytes());
+    }
+    hasher.finalize().into()
+}
+
 /// Secrets live in the Kubernetes API; a directory has none to refer to.
 fn no_secret_refs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<(), String> {
     match names.next() {
@@ -141,14 +220,31 @@ fn no_secret_refs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<(), St
     }
 }
 
-/// Reads every YAML file under `dir`. Each directory is read once, by its
-/// canonical path, so a link back up the tree cannot make it loop.
+/// Reads every YAML file under `dir`.
 fn collect_yaml(
     dir: &Path,
     files: &mut BTreeMap<PathBuf, String>,
     errors: &mut Vec<ResourceError>,
     seen: &mut BTreeSet<PathBuf>,
 ) {
+    let mut failed = Vec::new();
+    walk_yaml(
+        dir,
+        &mut |path| match std::fs::read_to_string(path) {
+            Ok(text) => {
+                files.insert(path.to_path_buf(), text);
+            }
+            Err(error) => failed.push(ResourceError::new(format!("file {}", path.display()), error)),
+        },
+        errors,
+        seen,
+    );
+    errors.extend(failed);
+}
+
+/// Calls `visit` with every YAML file under `dir`. Each directory is read
+/// once, by its canonical path, so a link back up the tree cannot make it loop.
+fn walk_yaml(dir: &Path, visit: &mut dyn FnMut(&Path), errors: &mut Vec<ResourceError>, seen: &mut BTreeSet<PathBuf>) {
     match std::fs::canonicalize(dir) {
         Ok(canonical) => {
             if !seen.insert(canonical) {
@@ -176,14 +272,9 @@ fn collect_yaml(
             continue;
         }
         if path.is_dir() {
-            collect_yaml(&path, files, errors, seen);
+            walk_yaml(&path, visit, errors, seen);
         } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-            match std::fs::read_to_string(&path) {
-                Ok(text) => {
-                    files.insert(path, text);
-                }
-                Err(error) => errors.push(ResourceError::new(format!("file {}", path.display()), error)),
-            }
+            visit(&path);
         }
     }
 }
@@ -244,5 +335,43 @@ mod tests {
         std::fs::write(dir.path().join("route.yaml"), ROUTE.replace("[m]", "[m2]")).unwrap();
         let (_, c) = read_dir(dir.path());
         assert_ne!(a, c);
+    }
+
+    /// Issue 13: an idle poll only stats the files; anything that changes a
+    /// file or the set of files, or a plugin file, changes what it compares.
+    #[test]
+    fn the_stat_fingerprint_moves_with_any_file_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let route = dir.path().join("route.yaml");
+        let plugin = dir.path().join("p.wasm");
+        std::fs::write(&route, ROUTE).unwrap();
+        std::fs::write(&plugin, b"\0asm").unwrap();
+        let stat = || stat_fingerprint(dir.path(), std::slice::from_ref(&plugin));
+        let first = stat();
+        assert_eq!(first, stat(), "nothing changed");
+
+        std::fs::write(&route, ROUTE.replace("[m]", "[x]")).unwrap();
+        let rewritten = stat();
+        assert_ne!(first, rewritten, "same size, rewritten in place");
+        std::fs::write(dir.path().join("more.yml"), ROUTE).unwrap();
+        let added = stat();
+        assert_ne!(rewritten, added, "a file added");
+        std::fs::write(&plugin, b"\0asm\x01").unwrap();
+        assert_ne!(added, stat(), "a plugin file rebuilt");
+        let (update, _) = read_dir(dir.path());
+        assert_eq!(plugin_files_of(&update), Vec::<PathBuf>::new(), "no plugin declared in these files");
+    }
+
+    /// Issue 13: the watcher reports the source's own reads; only writes,
+    /// creations, renames, removals and attribute changes are changes.
+    #[test]
+    fn our_own_reads_are_not_changes() {
+        use notify::event::{CreateKind, ModifyKind};
+        assert!(!changes_files(&EventKind::Access(AccessKind::Open(AccessMode::Any))));
+        assert!(!changes_files(&EventKind::Access(AccessKind::Close(AccessMode::Read))));
+        assert!(!changes_files(&EventKind::Access(AccessKind::Read)));
+        assert!(changes_files(&EventKind::Access(AccessKind::Close(AccessMode::Write))));
+        assert!(changes_files(&EventKind::Modify(ModifyKind::Any)));
+        assert!(changes_files(&EventKind::Create(CreateKind::File)));
     }
 }
