@@ -92,6 +92,7 @@ async fn every_route_is_reported_and_ready_past_the_annotation_limit() {
     })
     .await;
     println!("every status ready {:?} after the gateway", started.elapsed());
+    println!("gateway RSS {} MiB", gateway.rss_bytes() >> 20);
     let log = gateway.log();
     assert!(!log.contains("could not write this replica's load report"), "{log}");
     // At this size the report is past one annotation: it came in parts.
