@@ -43,7 +43,8 @@ enum Task {
     /// Run an echo upstream and the gateway with deploy/quickstart, and print
     /// requests to try.
     Quickstart(quickstart::Args),
-    /// Measure the latency the gateway adds, and run the runtime micro-benchmark.
+    /// Benchmark Sluice side by side with Envoy (+ proxy-wasm) and nginx:
+    /// added latency, throughput, CPU per request, memory.
     Bench(bench::Args),
     /// Build kube-apiserver, kubectl and etcd for the tests (once, into the
     /// user's cache directory) and print their directory.

