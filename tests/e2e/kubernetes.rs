@@ -309,7 +309,8 @@ async fn secrets_no_resource_names_are_not_held_in_memory() {
         std::fs::write(scratch.path().join(format!("bulk-{i}.yaml")), yaml).unwrap();
     }
     cluster.kubectl_ok(&["create", "-o", "name", "-f", scratch.path().to_str().unwrap()]).await;
-    let named = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: named\n  namespace: NS\nstringData:\n  apiKey: sk-named\n";
+    let named =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: named\n  namespace: NS\nstringData:\n  apiKey: sk-named\n";
     cluster.apply(&named.replace("NS", &ns)).await;
     let backend_key = "apiKeySecretRef: {name: named, key: apiKey}\n";
     cluster.apply(&route_yaml(&ns, "chat", "gpt-bound", &echo.url(), &[], backend_key)).await;
