@@ -51,8 +51,11 @@ pub struct Context {
     /// Model conflicts over every valid route, computed once per change of
     /// the watched objects rather than once per reconcile (which would make
     /// a pass over all routes quadratic).
-    conflicts: Mutex<Option<(u64, Arc<HashMap<ResourceKey, Problem>>)>>,
+    conflicts: Mutex<Option<(u64, Conflicts)>>,
 }
+
+/// The routes that lose a model to an older route, and why.
+type Conflicts = Arc<HashMap<ResourceKey, Problem>>;
 
 /// Runs both status controllers until dropped (on losing the lead).
 /// `changed` ticks when the desired config is republished, so conditions
@@ -257,7 +260,7 @@ impl Context {
     }
 
     /// The model conflicts among the routes as the stores hold them now.
-    fn conflicts(&self) -> Arc<HashMap<ResourceKey, Problem>> {
+    fn conflicts(&self) -> Conflicts {
         // Read before the stores: a change that lands meanwhile moves it on,
         // so what is cached under it is never older than it says.
         let version = self.stores.version();
