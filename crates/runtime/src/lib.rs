@@ -2,8 +2,10 @@
 //! [`Runtime`] (one `Engine`, pooling allocator, epoch ticks), one
 //! `InstancePre` per module digest, and a fresh `Store` per request with a
 //! deadline and a memory cap, so a misbehaving plugin fails only the request
-//! it is handling. Plugins that are slow to instantiate may opt into
-//! reused instances ([`sluice_core::Isolation::Reused`]).
+//! it is handling. Each plugin version is snapshotted right after its
+//! `configure`, so a fresh instance costs a copy-on-write instantiation
+//! rather than a `configure` call. Plugins that are slow to instantiate may
+//! opt into reused instances ([`sluice_core::Isolation::Reused`]).
 //!
 //! A plugin's reach is bounded: each call into the guest has a deadline
 //! (epoch ticks while it runs, a wall-clock timeout while it waits in a host
@@ -13,11 +15,13 @@
 //! a concurrency limit, and its log lines are escaped and rate-limited.
 
 mod bindings;
+mod deadline;
 mod guest_log;
 mod host;
 mod memory;
 mod plugin;
 mod runtime;
+mod snapshot;
 pub mod tokens;
 mod wasi;
 

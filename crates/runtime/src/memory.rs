@@ -63,6 +63,11 @@ impl MemoryLimiter {
     pub fn new(max_bytes: usize, budget: Arc<GuestMemory>) -> Self {
         Self { max_bytes, used: 0, budget, refused: None }
     }
+
+    /// What this instance's memories hold together.
+    pub fn used(&self) -> usize {
+        self.used
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {

@@ -1,48 +1,65 @@
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use sluice_core::Isolation;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmtime::{PoolConcurrencyLimitError, Store, UpdateDeadline};
+use wasmtime::component::Linker;
+use wasmtime::{Store, UpdateDeadline};
 
 use crate::bindings::sluice::plugin::types::{
     ChunkAction, Hooks, Request, RequestAction, Response, ResponseAction, ResponseSummary,
 };
 use crate::bindings::{Plugin, PluginPre};
+pub use crate::deadline::Limits;
+use crate::deadline::{arm, classify, within};
 use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
 use crate::memory::GuestMemory;
-use crate::memory::Refused;
+use crate::snapshot::{Budget, Snapshot, Source};
 use crate::{LoadError, PluginError};
 
-/// A compiled component, ready to instantiate cheaply.
 /// What every plugin of a runtime shares.
 pub(crate) struct Shared {
     pub memory: Arc<GuestMemory>,
     pub tokens: TokenCounter,
     pub max_instances_per_plugin: usize,
     pub log_lines_per_second: u32,
+    /// What the snapshots of configured plugins may hold together (see
+    /// `snapshot.rs`); none are made if that is 0.
+    pub snapshot_bytes: Arc<Budget>,
+    /// Snapshots are made one at a time: each compiles the module twice.
+    pub snapshot_turn: Semaphore,
 }
 
+/// A compiled component, ready to instantiate cheaply.
 pub struct PluginModule {
     digest: String,
-    pre: PluginPre<PluginState>,
-    shared: Arc<Shared>,
+    pub(crate) pre: PluginPre<PluginState>,
+    /// What `pre` was linked with; its snapshots are linked the same way.
+    pub(crate) linker: Linker<PluginState>,
+    /// The component itself: each snapshot is made from it.
+    pub(crate) bytes: Arc<[u8]>,
+    pub(crate) shared: Arc<Shared>,
+    /// The snapshots of this module, while some configured plugin uses
+    /// them: made once, not per plugin.
+    snapshots: Mutex<HashMap<SnapshotKey, Weak<Snapshot>>>,
 }
 
-/// Per-plugin limits, from the GatewayPlugin spec.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Deadline for each call into the guest (instantiation included).
-    pub timeout: Duration,
-    pub max_memory_bytes: usize,
-}
+/// A config, and a memory limit (the snapshot must fit in it).
+type SnapshotKey = (Arc<str>, usize);
 
 impl PluginModule {
-    pub(crate) fn new(digest: String, pre: PluginPre<PluginState>, shared: Arc<Shared>) -> Self {
-        Self { digest, pre, shared }
+    pub(crate) fn new(
+        digest: String,
+        pre: PluginPre<PluginState>,
+        linker: Linker<PluginState>,
+        bytes: Arc<[u8]>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self { digest, pre, linker, bytes, shared, snapshots: Mutex::new(HashMap::new()) }
     }
 
     /// `sha256:<hex>`.
@@ -53,6 +70,11 @@ impl PluginModule {
     /// Validates `config` by running the plugin's `configure` once on a
     /// fresh instance. The result is what a snapshot serves. Instantiating
     /// and configuring take at most `limits.timeout`, in wall-clock time.
+    ///
+    /// Then, in the background, the module is snapshotted right after
+    /// `configure` with this config (see `snapshot.rs`): once that is done,
+    /// new instances start from the snapshot instead of calling `configure`.
+    /// Until then, or if it cannot be done, each new instance is configured.
     pub async fn configure(
         self: &Arc<Self>,
         name: &str,
@@ -67,24 +89,95 @@ impl PluginModule {
             limits,
             hooks: Hooks::empty(),
             isolation,
+            snapshot: None,
             idle: Arc::new(Mutex::new(Vec::new())),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
-        let (live, hooks) = plugin.instantiate_live().await?;
+        let (live, hooks) = plugin.configure_live().await?;
         plugin.hooks = hooks;
         // A reusable instance is kept: the first request does not pay for it.
         if let Isolation::Reused { .. } = isolation {
             plugin.idle.lock().unwrap_or_else(PoisonError::into_inner).push(live);
         }
+        if self.shared.snapshot_bytes.max() > 0 {
+            plugin.snapshot = Some(self.snapshot(&plugin));
+        }
         Ok(plugin)
+    }
+
+    /// The snapshot of this module configured as `plugin` is: shared with
+    /// the plugins configured alike, or started now.
+    fn snapshot(self: &Arc<Self>, plugin: &ConfiguredPlugin) -> Arc<Snapshot> {
+        let key = (plugin.config.clone(), plugin.limits.max_memory_bytes);
+        let mut snapshots = self.snapshots.lock().unwrap_or_else(PoisonError::into_inner);
+        snapshots.retain(|_, snapshot| snapshot.strong_count() > 0);
+        if let Some(snapshot) = snapshots.get(&key).and_then(Weak::upgrade) {
+            return snapshot;
+        }
+        let snapshot = crate::snapshot::start(
+            self.clone(),
+            plugin.name.clone(),
+            plugin.config.clone(),
+            plugin.limits,
+            plugin.hooks,
+            plugin.log_rate.clone(),
+        );
+        snapshots.insert(key, Arc::downgrade(&snapshot));
+        snapshot
+    }
+
+    /// A store for one instance of this module, with its limits.
+    fn new_store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
+        let shared = &self.shared;
+        let state =
+            PluginState::new(name, limits.max_memory_bytes, shared.memory.clone(), log_rate, shared.tokens.clone());
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|state| &mut state.memory);
+        // Every epoch tick past the deadline's start, yield to tokio so a
+        // busy guest cannot hog a worker thread; once the deadline has
+        // passed, trap.
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Err(wasmtime::Error::new(DeadlineExceeded))
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store
+    }
+}
+
+impl Source for PluginModule {
+    fn engine(&self) -> &wasmtime::Engine {
+        self.pre.engine()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn linker(&self) -> &Linker<PluginState> {
+        &self.linker
+    }
+
+    fn store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
+        self.new_store(name, limits, log_rate)
+    }
+
+    fn budget(&self) -> &Arc<Budget> {
+        &self.shared.snapshot_bytes
+    }
+
+    fn turn(&self) -> &Semaphore {
+        &self.shared.snapshot_turn
     }
 }
 
 /// A module with a config its `configure` accepted.
 #[derive(Clone)]
 pub struct ConfiguredPlugin {
-    module: Arc<PluginModule>,
+    pub(crate) module: Arc<PluginModule>,
     name: Arc<str>,
     config: Arc<str>,
     limits: Limits,
@@ -96,6 +189,9 @@ pub struct ConfiguredPlugin {
     busy: Arc<Semaphore>,
     /// Shared by all its instances.
     log_rate: Arc<RateLimit>,
+    /// Where new instances start from once it is made; `None` if the
+    /// runtime makes no snapshots.
+    pub(crate) snapshot: Option<Arc<Snapshot>>,
 }
 
 /// A configured instance and the store it lives in.
@@ -121,6 +217,17 @@ impl ConfiguredPlugin {
         self.isolation
     }
 
+    /// Waits until the snapshot of this plugin taken after `configure` is
+    /// made, or could not be; whether new instances now start from it
+    /// instead of calling `configure`. False at once if the runtime makes no
+    /// snapshots.
+    pub async fn snapshotted(&self) -> bool {
+        match &self.snapshot {
+            Some(snapshot) => snapshot.wait().await,
+            None => false,
+        }
+    }
+
     /// An instance for one request: a fresh one, or with `Reused`, an idle
     /// one if there is any. [`PluginError::Overloaded`] at once if the
     /// plugin already has its most instances at work, or none can be made
@@ -139,33 +246,28 @@ impl ConfiguredPlugin {
         let reused = home.as_ref().and_then(|home| home.idle.lock().unwrap_or_else(PoisonError::into_inner).pop());
         let live = match reused {
             Some(live) => live,
-            None => self.instantiate_live().await?.0,
+            None => self.instantiate_live().await?,
         };
         Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false, _permit: permit })
     }
 
-    /// A fresh, configured instance in a store of its own.
-    async fn instantiate_live(&self) -> Result<(Live, Hooks), PluginError> {
-        let shared = &self.module.shared;
-        let state = PluginState::new(
-            self.name.clone(),
-            self.limits.max_memory_bytes,
-            shared.memory.clone(),
-            self.log_rate.clone(),
-            shared.tokens.clone(),
-        );
-        let mut store = Store::new(self.module.pre.engine(), state);
-        store.limiter(|state| &mut state.memory);
-        // Every epoch tick past the deadline's start, yield to tokio so a
-        // busy guest cannot hog a worker thread; once the deadline has
-        // passed, trap.
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Err(wasmtime::Error::new(DeadlineExceeded))
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
+    /// A fresh, configured instance in a store of its own: from the
+    /// snapshot if there is one, or configured now.
+    async fn instantiate_live(&self) -> Result<Live, PluginError> {
+        let Some(pre) = self.snapshot.as_ref().and_then(|snapshot| snapshot.ready()) else {
+            return Ok(self.configure_live().await?.0);
+        };
+        let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
+        let timeout = self.limits.timeout;
+        let deadline = arm(&mut store, timeout);
+        let bindings =
+            within(deadline, pre.instantiate_async(&mut store)).await.map_err(|e| classify(&store, e, timeout))?;
+        Ok(Live { store, bindings })
+    }
+
+    /// A fresh instance of the module, which `configure` has set up.
+    async fn configure_live(&self) -> Result<(Live, Hooks), PluginError> {
+        let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
         let start = async {
@@ -246,48 +348,6 @@ impl Drop for PluginInstance {
             if idle.len() < home.max_idle {
                 idle.push(live);
             }
-        }
-    }
-}
-
-/// Starts the deadline for the next call into the guest, and returns it.
-fn arm(store: &mut Store<PluginState>, timeout: Duration) -> Instant {
-    let deadline = Instant::now() + timeout;
-    let state = store.data_mut();
-    state.deadline = deadline;
-    state.memory.refused = None;
-    store.set_epoch_deadline(1);
-    deadline
-}
-
-/// Runs a call into the guest until `deadline` in wall-clock time. The
-/// epoch deadline stops guest code that runs; this stops a call that waits
-/// in the host. The abandoned call leaves its instance in an unknown state:
-/// the caller discards it.
-async fn within<T>(deadline: Instant, call: impl Future<Output = wasmtime::Result<T>>) -> wasmtime::Result<T> {
-    match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), call).await {
-        Ok(result) => result,
-        Err(_) => Err(wasmtime::Error::new(DeadlineExceeded)),
-    }
-}
-
-fn classify(store: &Store<PluginState>, error: wasmtime::Error, timeout: Duration) -> PluginError {
-    let memory = &store.data().memory;
-    if error.downcast_ref::<DeadlineExceeded>().is_some() {
-        PluginError::Timeout(timeout)
-    } else if memory.refused == Some(Refused::Plugin) {
-        PluginError::MemoryLimit(memory.max_bytes)
-    } else if memory.refused == Some(Refused::Budget) {
-        PluginError::Overloaded("the memory all plugin instances may hold together is in use".into())
-    } else if let Some(pool) = error.chain().find_map(|e| e.downcast_ref::<PoolConcurrencyLimitError>()) {
-        PluginError::Overloaded(format!("plugin instance pool: {pool}"))
-    } else {
-        // The client gets the trap's cause; the wasm backtrace goes to the log.
-        tracing::debug!(plugin = &*store.data().plugin, error = format!("{error:?}"), "plugin trapped");
-        match error.downcast_ref::<wasmtime::Trap>() {
-            Some(trap) => PluginError::Trap(trap.to_string()),
-            // A host function's error, under the wasm backtrace.
-            None => PluginError::Trap(error.root_cause().to_string()),
         }
     }
 }

@@ -110,6 +110,15 @@ pub struct RunArgs {
     /// and counted.
     #[arg(long, default_value_t = RuntimeConfig::default().plugin_log_lines_per_second)]
     pub plugin_log_lines_per_second: u32,
+    /// Bytes all plugin snapshots may hold together (each plugin version is
+    /// snapshotted after `configure`, so instances skip it); past it, new
+    /// versions are configured per instance. 0 turns snapshots off.
+    #[arg(long, default_value_t = RuntimeConfig::default().max_snapshot_bytes)]
+    pub max_snapshot_bytes: usize,
+    /// Bytes of each plugin memory a finished instance leaves resident for
+    /// the next one (Linux 6.7+ only). 0 turns it off.
+    #[arg(long, default_value_t = RuntimeConfig::default().keep_resident_bytes)]
+    pub plugin_keep_resident_bytes: usize,
     /// Loading one plugin (pull, compile, configure) may take this long;
     /// past it, it is reported and retried, and the rest of the config is
     /// applied without it.
@@ -218,6 +227,8 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         max_instances_per_plugin: args.max_instances_per_plugin.max(1),
         token_counting_threads: args.token_counting_threads.max(1),
         plugin_log_lines_per_second: args.plugin_log_lines_per_second,
+        max_snapshot_bytes: args.max_snapshot_bytes,
+        keep_resident_bytes: args.plugin_keep_resident_bytes,
         ..Default::default()
     })
     .context("starting the plugin runtime")?;
