@@ -128,6 +128,21 @@ mod tests {
         (0..400).map(|i| parts[(i * 7) % parts.len()]).collect()
     }
 
+    /// Plugins rely on it (context-trim skips counting when the bytes fit).
+    #[test]
+    fn never_more_tokens_than_bytes() {
+        let texts = [mixed_text(), random_letters(5_000), "🦀 ".repeat(300), "\u{0}\u{7f}é".repeat(500)];
+        for text in &texts {
+            for end in [1, 2, 3, 64, text.len()] {
+                let text = &text[..text.floor_char_boundary(end)];
+                for model in ["gpt-4", "gpt-4o", "llama3"] {
+                    let tokens = count_tokens(model, text) as usize;
+                    assert!(tokens <= text.len(), "{model}: {tokens} tokens in {} bytes", text.len());
+                }
+            }
+        }
+    }
+
     #[test]
     fn counting_in_chunks_cut_before_spaces_is_exact() {
         let text = mixed_text();
