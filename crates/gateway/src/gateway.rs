@@ -150,10 +150,6 @@ impl Gateway {
     /// after a transient failure (with backoff) and periodically while some
     /// plugin comes from an OCI tag that may move.
     pub async fn follow(self: Arc<Self>, mut updates: watch::Receiver<Option<ConfigUpdate>>) {
-        // Loading the BPE tables takes a moment: it is done before the first
-        // config is applied (and so before /readyz), or a plugin's first
-        // `count-tokens` call would spend its deadline on it.
-        let _ = tokio::task::spawn_blocking(sluice_runtime::tokens::warm_up).await;
         let mut retry_delay = RETRY_FIRST;
         loop {
             let update = updates.borrow_and_update().clone();

@@ -14,8 +14,9 @@ use crate::plugin::{PluginModule, Shared};
 use crate::{LoadError, digest_of};
 
 /// How often the engine's epoch advances; the granularity of plugin
-/// deadlines and of cooperative yields back to tokio.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// deadlines and of cooperative yields back to tokio. 10 ms, as Spin uses:
+/// at 1 ms the ticker alone woke the gateway's core 1,000 times a second.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
@@ -205,6 +206,13 @@ impl Runtime {
             None => self.compile_fresh(&bytes)?,
         };
         let incompatible = |e: wasmtime::Error| LoadError::Incompatible(format!("{e:#}"));
+        // The BPE tables are tens of MiB: loaded for the first plugin that
+        // can count tokens, here (off the async workers, before the plugin
+        // serves) so its first `count-tokens` call does not spend its
+        // deadline on them.
+        if imports_host_func(&component, "count-tokens") {
+            crate::tokens::warm_up();
+        }
         let linker = crate::wasi::restrict(&self.inner.linker, &component).map_err(incompatible)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(incompatible)?).map_err(incompatible)?;
         let module = Arc::new(PluginModule::new(digest.to_string(), pre, linker, bytes, self.inner.shared.clone()));
@@ -299,6 +307,17 @@ fn write_atomically(path: &Path, component: &Component) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| e.to_string())
 }
 
+/// Whether `component` imports `func` from Sluice's host interface (any
+/// version). Components import only the functions they call.
+fn imports_host_func(component: &Component, func: &str) -> bool {
+    let engine = component.engine();
+    component.component_type().imports(engine).any(|(name, import)| {
+        name.starts_with("sluice:plugin/host@")
+            && matches!(import.ty, wasmtime::component::types::ComponentItem::ComponentInstance(instance)
+                if instance.exports(engine).any(|(export, _)| export == func))
+    })
+}
+
 /// Core modules have version 1 in the preamble; components have layer 1.
 fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
@@ -325,8 +344,22 @@ mod tests {
 
     /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
     fn add_header() -> Vec<u8> {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/dist/add-header.wasm");
-        std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+        built("add-header")
+    }
+
+    fn built(name: &str) -> Vec<u8> {
+        let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+    }
+
+    /// Only plugins that count tokens make the gateway load the tokenizers.
+    #[test]
+    fn which_plugins_count_tokens_is_read_from_their_imports() {
+        let engine = Engine::default();
+        for (name, counts) in [("add-header", false), ("prompt-decorator", false), ("context-trim", true)] {
+            let component = Component::new(&engine, built(name)).unwrap();
+            assert_eq!(imports_host_func(&component, "count-tokens"), counts, "{name}");
+        }
     }
 
     #[cfg(unix)]
