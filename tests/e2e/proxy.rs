@@ -196,6 +196,41 @@ async fn server_sent_events_stream_through_unbuffered() {
     assert_eq!(echoed["messages"], chat_body("gpt-test")["messages"]);
 }
 
+/// `--worker-threads 1` serves on a current-thread runtime: plugins,
+/// streams, concurrent requests and a reload all on the one thread.
+#[tokio::test]
+async fn one_worker_thread_serves_plugins_streams_and_reloads() {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    let add_header =
+        |value: &str| Plugin::new("add-header", "add-header").config(json!({"header": "x-team", "value": value}));
+    dir.write("plugin.yaml", &add_header("one").yaml());
+    dir.write("route.yaml", &Route::new("chat", &["gpt-test"], &echo.url()).plugins(&["add-header"]).yaml());
+    let options = Options { args: vec!["--worker-threads".into(), "1".into()], ..Default::default() };
+    let gateway = Gateway::start_with(&dir, options).await;
+    let threads = gateway.thread_names();
+    // Blocking work (compiling, snapshots) has threads of its own either way.
+    assert!(threads.iter().all(|name| name != "sluice-worker"), "a worker pool was started: {threads:?}");
+
+    let mut body = chat_body("gpt-test");
+    body["stream"] = true.into();
+    let knobs = [("x-echo-chunks", "5"), ("x-echo-chunk-delay-ms", "100")];
+    let url = gateway.url("/v1/chat/completions");
+    let stream = gateway.client().post_streaming(&url, body.to_string(), &knobs);
+    let chats = futures_util::future::join_all((0..20).map(|_| gateway.chat("gpt-test", &[])));
+    let (streamed, replies) = tokio::join!(stream, chats);
+    assert_eq!(streamed.events().last().map(|(_, data)| data.as_str()), Some("[DONE]"));
+    for reply in replies {
+        assert_eq!(reply.echoed()["headers"]["x-team"], "one");
+    }
+
+    dir.write("plugin.yaml", &add_header("two").yaml());
+    sluice_tests::eventually("the reloaded plugin to be served", Duration::from_secs(10), async || {
+        (gateway.chat("gpt-test", &[]).await.echoed()["headers"]["x-team"] == "two").then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn h2c_prior_knowledge_is_served() {
     let echo = Echo::start().await;

@@ -59,7 +59,7 @@ fn main() -> anyhow::Result<()> {
             sluice_echo::serve(listener, options, shutdown_signal()).await?;
             Ok(())
         }),
-        Command::Run(args) => tokio_runtime()?.block_on(run::run(*args, shutdown_signal())),
+        Command::Run(args) => run::tokio_runtime(args.worker_threads)?.block_on(run::run(*args, shutdown_signal())),
         Command::Push(args) => tokio_runtime()?.block_on(oci_cmd::push(args)),
         Command::Pull(args) => tokio_runtime()?.block_on(oci_cmd::pull(args)),
         Command::Inspect(args) => tokio_runtime()?.block_on(oci_cmd::inspect(args)),
