@@ -21,8 +21,9 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The baseline: oha straight to the upstream.
 pub const DIRECT: &str = "direct";
-/// The system the CPU-per-request ratios are relative to.
-pub const RATIO_BASE: &str = "sluice-decorate";
+/// The system the CPU-per-request ratios are relative to: issue 13's
+/// targets are fractions of it.
+pub const RATIO_BASE: &str = "envoy-proxy-wasm";
 
 /// The work the decorating systems do, the same everywhere: set this
 /// header and put this system message first.
@@ -45,8 +46,9 @@ pub struct System {
 pub enum Kind {
     /// No system: oha talks to the upstream.
     Direct,
-    /// `sluice run` with this config template.
-    Sluice(&'static str),
+    /// `sluice run` with this config template, its placeholders filled in
+    /// with these values besides the common ones.
+    Sluice(&'static str, &'static [(&'static str, &'static str)]),
     /// Envoy (`--concurrency 2`) with this bootstrap template.
     Envoy(&'static str),
     /// nginx with this config template.
@@ -64,35 +66,75 @@ pub struct Work {
 
 const PROXY: Work = Work { decorates: false, authenticates: false };
 const DECORATE: Work = Work { decorates: true, authenticates: false };
+const CHAIN: Work = Work { decorates: false, authenticates: true };
+
+/// Plugins instantiated fresh for every request (the default), or reused
+/// across requests (`isolation: Reused`), as proxy-wasm hosts do.
+const PER_REQUEST: &[(&str, &str)] = &[("ISOLATION", "PerRequest")];
+const REUSED: &[(&str, &str)] = &[("ISOLATION", "Reused")];
+
+/// The decorator-lite example (plugins/examples) in one language and one
+/// isolation mode.
+macro_rules! lite {
+    ($name:literal, $language:literal, $wasm:literal, $isolation:literal) => {
+        System {
+            name: $name,
+            about: concat!(
+                "Sluice doing the filter's work in one component, the ",
+                $language,
+                " decorator-lite example (it also sets a response header), isolation ",
+                $isolation
+            ),
+            kind: Kind::Sluice(
+                "tests/bench/sluice/decorator-lite.yaml.tmpl",
+                &[("EXAMPLE", $wasm), ("ISOLATION", $isolation)],
+            ),
+            work: DECORATE,
+        }
+    };
+}
 
 pub const SYSTEMS: &[System] = &[
     System { name: DIRECT, about: "oha straight to the upstream (the baseline)", kind: Kind::Direct, work: PROXY },
     System {
         name: "sluice-plain",
         about: "Sluice, a route with no plugin",
-        kind: Kind::Sluice("tests/bench/sluice/plain.yaml.tmpl"),
+        kind: Kind::Sluice("tests/bench/sluice/plain.yaml.tmpl", &[]),
         work: PROXY,
     },
     System {
-        name: RATIO_BASE,
+        name: "sluice-decorate",
         about: "Sluice doing the filter's work with first-party plugins: add-header + prompt-decorator \
-                (prompt-decorator cannot set headers)",
-        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl"),
+                (prompt-decorator cannot set headers), a fresh instance per request",
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", PER_REQUEST),
         work: DECORATE,
     },
     System {
-        name: "sluice-decorator-lite",
-        about: "Sluice doing the filter's work in one component, the Rust decorator-lite example \
-                (it also sets a response header)",
-        kind: Kind::Sluice("tests/bench/sluice/decorator-lite.yaml.tmpl"),
+        name: "sluice-decorate-reused",
+        about: "`sluice-decorate` with `isolation: Reused`",
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", REUSED),
         work: DECORATE,
     },
     System {
         name: "sluice-chain",
-        about: "Sluice with auth (API key) + prompt-template + context-trim",
-        kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl"),
-        work: Work { decorates: false, authenticates: true },
+        about: "Sluice with auth (API key) + prompt-template + context-trim, a fresh instance per request",
+        kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl", PER_REQUEST),
+        work: CHAIN,
     },
+    System {
+        name: "sluice-chain-reused",
+        about: "`sluice-chain` with `isolation: Reused`",
+        kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl", REUSED),
+        work: CHAIN,
+    },
+    lite!("sluice-rust", "Rust", "example-rust.wasm", "PerRequest"),
+    lite!("sluice-rust-reused", "Rust", "example-rust.wasm", "Reused"),
+    lite!("sluice-c", "C", "example-c.wasm", "PerRequest"),
+    lite!("sluice-c-reused", "C", "example-c.wasm", "Reused"),
+    lite!("sluice-python", "Python (componentize-py)", "example-python.wasm", "PerRequest"),
+    lite!("sluice-python-reused", "Python (componentize-py)", "example-python.wasm", "Reused"),
+    lite!("sluice-js", "JavaScript (ComponentizeJS)", "example-js.wasm", "PerRequest"),
+    lite!("sluice-js-reused", "JavaScript (ComponentizeJS)", "example-js.wasm", "Reused"),
     System {
         name: "envoy",
         about: "Envoy, plain reverse proxy, --concurrency 2",
@@ -100,7 +142,7 @@ pub const SYSTEMS: &[System] = &[
         work: PROXY,
     },
     System {
-        name: "envoy-proxy-wasm",
+        name: RATIO_BASE,
         about: "Envoy + the Rust proxy-wasm filter of tests/bench/proxy-wasm-filter (V8), --concurrency 2",
         kind: Kind::Envoy("tests/bench/envoy/proxy-wasm.yaml.tmpl"),
         work: DECORATE,
@@ -193,9 +235,10 @@ impl System {
         ];
         match self.kind {
             Kind::Direct => Ok(Started { addr: upstream, tree: None }),
-            Kind::Sluice(template) => {
+            Kind::Sluice(template, extra) => {
                 let config_dir = dir.join("config");
                 fs::create_dir(&config_dir)?;
+                values.extend(extra.iter().map(|(name, value)| (*name, (*value).to_owned())));
                 values.push(("PLUGINS_DIST", tools.plugins_dist.display().to_string()));
                 values.push(("API_KEY_SHA256", hex::encode(Sha256::digest(API_KEY))));
                 render(template, &config_dir.join("bench.yaml"), &values)?;
