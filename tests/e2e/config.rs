@@ -126,6 +126,30 @@ async fn admin_config_describes_what_is_served() {
     }
 }
 
+/// The admin view tells whether a plugin's instances start from its
+/// snapshot yet (the benchmark waits for it), or are configured each.
+#[tokio::test]
+async fn admin_config_tells_where_plugin_instances_start_from() {
+    let echo = Echo::start().await;
+    let dir = ConfigDir::new();
+    let add_header = Plugin::new("add-header", "add-header").config(json!({"header": "x-team", "value": "a"}));
+    dir.write("plugins.yaml", &add_header.yaml());
+    dir.write("route.yaml", &Route::new("chat", &["gpt-test"], &echo.url()).plugins(&["add-header"]).yaml());
+    let start_from = async |gateway: &Gateway| gateway.admin_config().await["plugins"][0]["instancesStartFrom"].clone();
+
+    let gateway = Gateway::start(&dir).await;
+    let first = start_from(&gateway).await;
+    assert!(first == "snapshot" || first == "configure-until-snapshot", "{first}");
+    sluice_tests::eventually("the snapshot", std::time::Duration::from_secs(30), async || {
+        (start_from(&gateway).await == "snapshot").then_some(())
+    })
+    .await;
+
+    let options = Options { args: vec!["--max-snapshot-bytes".into(), "0".into()], ..Default::default() };
+    let without = Gateway::start_with(&dir, options).await;
+    assert_eq!(start_from(&without).await, "configure");
+}
+
 #[tokio::test]
 async fn a_restart_loads_plugins_from_the_compile_cache() {
     let echo = Echo::start().await;

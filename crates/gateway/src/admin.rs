@@ -79,6 +79,8 @@ struct PluginView {
     isolation: sluice_core::Isolation,
     timeout_ms: u128,
     max_memory_mi_b: usize,
+    /// `snapshot`, `configure-until-snapshot` or `configure`.
+    instances_start_from: &'static str,
 }
 
 impl SnapshotView {
@@ -107,6 +109,7 @@ impl SnapshotView {
                     isolation: p.decl.isolation,
                     timeout_ms: p.decl.timeout.as_millis(),
                     max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
+                    instances_start_from: p.configured.instances_start_from().as_str(),
                 }
             })
             .collect();

@@ -9,6 +9,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::sluice::plugin::{host, types};
+use crate::epoch::EpochTicker;
 use crate::guest_log::{self, Admit, RateLimit};
 use crate::memory::{GuestMemory, MemoryLimiter};
 
@@ -20,6 +21,8 @@ pub(crate) struct PluginState {
     pub deadline: Instant,
     log_rate: Arc<RateLimit>,
     tokens: TokenCounter,
+    /// Must tick while this store's guest runs.
+    pub ticker: Arc<EpochTicker>,
     /// Rust's wasip2 std imports WASI even when a plugin uses none of it; it
     /// gets a context with no preopens, no network, no env and no stdio.
     wasi: WasiCtx,
@@ -33,8 +36,10 @@ impl PluginState {
         budget: Arc<GuestMemory>,
         log_rate: Arc<RateLimit>,
         tokens: TokenCounter,
+        ticker: Arc<EpochTicker>,
     ) -> Self {
         Self {
+            ticker,
             plugin,
             memory: MemoryLimiter::new(max_memory_bytes, budget),
             deadline: Instant::now(),

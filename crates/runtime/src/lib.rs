@@ -16,6 +16,7 @@
 
 mod bindings;
 mod deadline;
+mod epoch;
 mod guest_log;
 mod host;
 mod memory;
@@ -29,7 +30,7 @@ pub use bindings::sluice::plugin::types::{
     ChunkAction, DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
     ResponseSummary, Usage,
 };
-pub use plugin::{ConfiguredPlugin, Limits, PluginInstance, PluginModule};
+pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use runtime::{Runtime, RuntimeConfig, StartError};
 
 use std::time::Duration;

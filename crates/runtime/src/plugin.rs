@@ -14,6 +14,7 @@ use crate::bindings::sluice::plugin::types::{
 use crate::bindings::{Plugin, PluginPre};
 pub use crate::deadline::Limits;
 use crate::deadline::{arm, classify, within};
+use crate::epoch::EpochTicker;
 use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
@@ -32,6 +33,7 @@ pub(crate) struct Shared {
     pub snapshot_bytes: Arc<Budget>,
     /// Snapshots are made one at a time: each compiles the module twice.
     pub snapshot_turn: Semaphore,
+    pub ticker: Arc<EpochTicker>,
 }
 
 /// A compiled component, ready to instantiate cheaply.
@@ -130,8 +132,14 @@ impl PluginModule {
     /// A store for one instance of this module, with its limits.
     fn new_store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
         let shared = &self.shared;
-        let state =
-            PluginState::new(name, limits.max_memory_bytes, shared.memory.clone(), log_rate, shared.tokens.clone());
+        let state = PluginState::new(
+            name,
+            limits.max_memory_bytes,
+            shared.memory.clone(),
+            log_rate,
+            shared.tokens.clone(),
+            shared.ticker.clone(),
+        );
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.memory);
         // Every epoch tick past the deadline's start, yield to tokio so a
@@ -171,6 +179,27 @@ impl Source for PluginModule {
 
     fn turn(&self) -> &Semaphore {
         &self.shared.snapshot_turn
+    }
+}
+
+/// Where a plugin's new instances start from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceStart {
+    /// The snapshot taken after `configure`: no `configure` call.
+    Snapshot,
+    /// A `configure` call each, while the snapshot is being made.
+    ConfigureUntilSnapshot,
+    /// A `configure` call each: no snapshot could be made, or none is made.
+    Configure,
+}
+
+impl InstanceStart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceStart::Snapshot => "snapshot",
+            InstanceStart::ConfigureUntilSnapshot => "configure-until-snapshot",
+            InstanceStart::Configure => "configure",
+        }
     }
 }
 
@@ -215,6 +244,15 @@ impl ConfiguredPlugin {
 
     pub fn isolation(&self) -> Isolation {
         self.isolation
+    }
+
+    /// Where its new instances start from now.
+    pub fn instances_start_from(&self) -> InstanceStart {
+        match &self.snapshot {
+            Some(snapshot) if snapshot.ready().is_some() => InstanceStart::Snapshot,
+            Some(snapshot) if snapshot.making() => InstanceStart::ConfigureUntilSnapshot,
+            _ => InstanceStart::Configure,
+        }
     }
 
     /// Waits until the snapshot of this plugin taken after `configure` is
@@ -408,6 +446,20 @@ mod tests {
             panic!("the hostile plugin answered");
         };
         assert!(edits.set_headers.contains(&("x-hostile-tokens".into(), "2".into())), "{:?}", edits.set_headers);
+    }
+
+    /// The epoch ticker parks while no guest runs; a guest called after
+    /// that still ends at its deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spinning_guest_called_while_the_ticker_is_parked_times_out() {
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let plugin = configured(&runtime, "chaos", json!({}), 200).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut instance = plugin.instance().await.unwrap();
+        let started = Instant::now();
+        let result = instance.request_filter(&request(&[("x-chaos", "spin")], String::new())).await;
+        assert!(matches!(result, Err(PluginError::Timeout(_))), "{result:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "a 200 ms plugin spun for {:?}", started.elapsed());
     }
 
     /// Finding 5: sleeping is not granted; a plugin that sleeps fails at

@@ -2,23 +2,16 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::{Plugin, PluginPre};
+use crate::epoch::EpochTicker;
 use crate::host::{PluginState, TokenCounter};
 use crate::memory::GuestMemory;
 use crate::plugin::{PluginModule, Shared};
 use crate::{LoadError, digest_of};
-
-/// How often the engine's epoch advances; the granularity of plugin
-/// deadlines and of cooperative yields back to tokio. Spin uses 10 ms: tried
-/// here, five requests beside two spinning plugins took longer than the
-/// spinners' 3 s deadline (tests/e2e/failures.rs), each waiting out their
-/// slices, to save 1,000 wake-ups a second, under 1% of a core.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
@@ -142,9 +135,9 @@ impl Runtime {
             log_lines_per_second: config.plugin_log_lines_per_second,
             snapshot_bytes: Arc::new(crate::snapshot::Budget::new(config.max_snapshot_bytes)),
             snapshot_turn: tokio::sync::Semaphore::new(1),
+            ticker: EpochTicker::start(&engine),
         });
 
-        spawn_epoch_ticker(&engine);
         if let Some(dir) = &config.cache_dir {
             prepare_cache_dir(dir)?;
         }
@@ -323,21 +316,6 @@ fn imports_host_func(component: &Component, func: &str) -> bool {
 /// Core modules have version 1 in the preamble; components have layer 1.
 fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
-}
-
-/// Advances the engine's epoch until the engine is dropped.
-fn spawn_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("sluice-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
-        .expect("spawning the epoch thread at start-up");
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 use wasmtime::component::{Component, Instance, Lift, Linker, WasmList};
@@ -38,7 +38,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 use crate::PluginError;
 use crate::bindings::sluice::plugin::types::Hooks;
 use crate::bindings::{Plugin, PluginPre};
-use crate::deadline::{Limits, arm, classify};
+use crate::deadline::{Limits, arm, arm_trusted, classify};
 use crate::guest_log::RateLimit;
 use crate::host::PluginState;
 
@@ -79,6 +79,11 @@ impl Snapshot {
             State::Ready { pre, .. } => Some(pre.clone()),
             State::Making | State::Unavailable => None,
         }
+    }
+
+    /// Whether it is still being made.
+    pub fn making(&self) -> bool {
+        matches!(*self.state.borrow(), State::Making)
     }
 
     /// Waits until making the snapshot has ended; whether it was made.
@@ -203,7 +208,7 @@ async fn make<M: Source>(
     // Reading the state out runs only Wizer's accessors (a global's value, a
     // memory's bounds), none of the plugin's code; the time goes to Wizer
     // scanning the memory in the host, between calls.
-    arm(&mut store, READING_TIMEOUT);
+    arm_trusted(&mut store);
     let mut state = Accessors { store: &mut store, instance, error: None };
     let snapshot = wizer.snapshot_component(&context, &mut state).await.map_err(|e| format!("{e:#}"));
     if let Some(error) = state.error {
@@ -272,9 +277,6 @@ impl Drop for Reserved {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
-
-/// A deadline for Wizer's accessors, which run none of the plugin's code.
-const READING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The most guest memory a snapshot is made of: making one holds a few
 /// copies of it in the host, outside the guest memory budget. Rust plugins
