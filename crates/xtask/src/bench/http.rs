@@ -1,4 +1,4 @@
-//! A bare HTTP/1.1 POST for the readiness probes and the checks: enough
+//! A bare HTTP/1.1 POST and GET for the readiness probes and the checks: enough
 //! without an HTTP client dependency.
 
 use std::io::{Read, Write};
@@ -28,6 +28,16 @@ pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result
     head.push_str("\r\n");
     stream.write_all(head.as_bytes())?;
     stream.write_all(body)?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    parse(&response)
+}
+
+/// GETs `path` on `addr`, on a connection of its own.
+pub fn get(addr: SocketAddr, path: &str) -> Result<Response> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
     parse(&response)

@@ -26,6 +26,7 @@ mod report;
 mod setup;
 mod systems;
 
+use std::fmt::Write as _;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,9 @@ use self::systems::{READY_TIMEOUT, SYSTEMS, System, pinned};
 
 /// The ~2 KB chat request every system is sent.
 const SMALL_BODY: &str = "tests/bench/chat-2k.json";
+/// How long each system is left idle once it serves, to measure its idle
+/// CPU (a config poll that re-reads everything would show here).
+const IDLE: Duration = Duration::from_secs(5);
 /// Where result files go, one per day (and body size / quick mode).
 const RESULTS_DIR: &str = "tests/bench/results";
 /// The large body is the small one's conversation repeated up to this size.
@@ -80,6 +84,10 @@ pub struct Args {
     /// since added latency is measured against it).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
+    /// Routes each Sluice system is configured with: its own, plus filler
+    /// routes for other models (the cost must not grow with them).
+    #[arg(long, default_value_t = 1)]
+    routes: u32,
     /// For trying the harness: one round, the first rate, 3 s runs.
     #[arg(long)]
     quick: bool,
@@ -108,8 +116,8 @@ pub fn main(mut args: Args) -> Result<()> {
         args.saturation_duration = "3s".into();
         args.warmup = "1s".into();
     }
-    if args.rounds == 0 || args.rates.is_empty() {
-        bail!("--rounds and --rates need at least one value");
+    if args.rounds == 0 || args.rates.is_empty() || args.routes == 0 {
+        bail!("--rounds, --rates and --routes need at least one value");
     }
     let systems = selected_systems(&args.systems)?;
     let tools = setup::prepare()?;
@@ -172,6 +180,8 @@ pub fn main(mut args: Args) -> Result<()> {
             args.duration, args.connections, args.warmup
         ),
         saturation_load: format!("{}, {} connections", args.saturation_duration, args.saturation_connections),
+        routes: args.routes,
+        idle: IDLE,
         cores: (args.gateway_core, args.load_core),
     };
     let markdown = report::render(&facts, &results);
@@ -181,6 +191,39 @@ pub fn main(mut args: Args) -> Result<()> {
     println!("Written to {}", path.display());
 
     if args.micro { run_runtime_bench() } else { Ok(()) }
+}
+
+/// Waits until every plugin of a Sluice system starts its instances from
+/// its snapshot, or will not: snapshots are made (and compiled) in the
+/// background after the config is served, and would otherwise be measured.
+fn wait_for_snapshots(system: &System, gateway: &mut systems::Started) -> Result<()> {
+    let Some(admin) = gateway.admin else { return Ok(()) };
+    let start = std::time::Instant::now();
+    loop {
+        gateway.check_alive()?;
+        let response = http::get(admin, "/admin/config")?;
+        let config: Value = serde_json::from_slice(&response.body).context("/admin/config is not JSON")?;
+        let plugins = config["plugins"].as_array().cloned().unwrap_or_default();
+        let making: Vec<&str> = plugins
+            .iter()
+            .filter(|plugin| plugin["instancesStartFrom"] == "configure-until-snapshot")
+            .filter_map(|plugin| plugin["name"].as_str())
+            .collect();
+        if making.is_empty() {
+            if start.elapsed() > Duration::from_secs(1) {
+                println!("  snapshots made in {:.1} s", start.elapsed().as_secs_f64());
+            }
+            return Ok(());
+        }
+        if start.elapsed() > READY_TIMEOUT {
+            bail!(
+                "{}: the snapshots of {} are still being made after {READY_TIMEOUT:?}",
+                system.name,
+                making.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The systems to run, in the order of [`SYSTEMS`]; `direct` always.
@@ -210,9 +253,14 @@ struct Bench<'a> {
 impl Bench<'_> {
     /// Starts `system` fresh, checks it, and measures it.
     fn measure(&self, system: &System, dir: &Path) -> Result<RoundResult> {
-        let mut gateway = system.start(self.tools, dir, self.upstream, self.args.gateway_core)?;
+        let mut gateway = system.start(self.tools, dir, self.upstream, self.args.gateway_core, self.args.routes)?;
         self.wait_until_served(system, &mut gateway)?;
+        wait_for_snapshots(system, &mut gateway)?;
         check_work(system, &self.body.json, &gateway)?;
+        // Served and checked, then left alone: what it costs doing nothing.
+        let idle_before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+        std::thread::sleep(IDLE);
+        let idle_after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
 
         let url = format!("http://{}/v1/chat/completions", gateway.addr);
         let max_rate = self.args.rates.iter().copied().max().unwrap_or(500);
@@ -235,6 +283,7 @@ impl Bench<'_> {
             fixed,
             saturation,
             cpu_seconds: cpu_before.zip(cpu_after).map(|(before, after)| after - before),
+            idle_cpu_seconds: idle_before.zip(idle_after).map(|(before, after)| after - before),
             rss_bytes,
         })
     }
@@ -377,6 +426,9 @@ fn results_path(args: &Args) -> Result<PathBuf> {
     let mut name = output(Command::new("date").args(["-u", "+%Y-%m-%d"]))?.trim().to_owned();
     if args.body == BodySize::Large {
         name.push_str("-large-body");
+    }
+    if args.routes > 1 {
+        let _ = write!(name, "-{}-routes", args.routes);
     }
     if args.quick {
         name.push_str("-quick");

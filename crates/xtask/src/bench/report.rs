@@ -15,6 +15,8 @@ pub struct RoundResult {
     /// CPU time of the system's process tree during the saturation run
     /// (`None` for direct, which has no process of its own).
     pub cpu_seconds: Option<f64>,
+    /// CPU time of the process tree while it was left idle, before any load.
+    pub idle_cpu_seconds: Option<f64>,
     /// RSS of the process tree after the saturation run.
     pub rss_bytes: Option<u64>,
 }
@@ -49,6 +51,10 @@ pub struct Facts {
     pub saturation_load: String,
     /// (gateway core, load generator and upstream core).
     pub cores: (u32, u32),
+    /// Routes each Sluice system had.
+    pub routes: u32,
+    /// How long each system was left idle.
+    pub idle: std::time::Duration,
 }
 
 /// One line per measured system and round, printed as the run goes.
@@ -79,6 +85,13 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         facts.cores.0, facts.cores.1
     );
     let _ = writeln!(out, "- Request: POST /v1/chat/completions, {}.", facts.body);
+    if facts.routes > 1 {
+        let _ = writeln!(
+            out,
+            "- Routes: each Sluice system serves its route among {} (the rest for other models).",
+            facts.routes
+        );
+    }
     let _ = writeln!(
         out,
         "- Latency: open loop at fixed rates with latency correction, {}; the latency each system adds over \
@@ -95,7 +108,9 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         out,
         "- CPU per request: utime + stime of the system's process tree (threads and children included) over the \
          saturation run, divided by the 200s it served; median (min–max) over rounds; ratio to `{RATIO_BASE}`. \
-         RSS: the tree's VmRSS after the saturation run, the largest over rounds."
+         Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
+         rounds. RSS: the tree's VmRSS after the saturation run, the largest over rounds.",
+        facts.idle
     );
     let _ = writeln!(
         out,
@@ -113,8 +128,8 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     }
     header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
     header.push_str(RATIO_BASE);
-    header.push_str(" | RSS (MiB) |");
-    rule.push_str("---:|---:|---:|---:|");
+    header.push_str(" | idle CPU (% of a core) | RSS (MiB) |");
+    rule.push_str("---:|---:|---:|---:|---:|");
     let _ = writeln!(out, "{header}\n{rule}");
 
     let direct = results.iter().find(|r| r.system.name == DIRECT);
@@ -137,10 +152,12 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         };
         let ratio =
             cpu_per_request(result).zip(base_cpu).map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
+        let idle = median(result.rounds.iter().map(|r| r.idle_cpu_seconds));
+        let idle = idle.map_or("—".into(), |cpu| format!("{:.2}", cpu / facts.idle.as_secs_f64() * 100.0));
         let rss = result.rounds.iter().filter_map(|r| r.rss_bytes).max();
         let rss = rss.map_or("—".into(), |bytes| format!("{:.1}", bytes as f64 / (1024.0 * 1024.0)));
         let throughput = throughput.map_or("—".into(), |t| format!("{t:.0}"));
-        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {rss} |");
+        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {idle} | {rss} |");
     }
 
     for result in results {

@@ -159,6 +159,8 @@ pub const SYSTEMS: &[System] = &[
 /// direct).
 pub struct Started {
     pub addr: SocketAddr,
+    /// Sluice's admin listener.
+    pub admin: Option<SocketAddr>,
     tree: Option<ProcessTree>,
 }
 
@@ -220,7 +222,8 @@ fn signal(name: &str, pid: u32) {
 impl System {
     /// Starts the system pinned to `core`, its files in `dir`, in front of
     /// `upstream`. Returns once it listens (Sluice: once /readyz says so).
-    pub fn start(&self, tools: &Tools, dir: &Path, upstream: SocketAddr, core: u32) -> Result<Started> {
+    /// Starts it on `core`; a Sluice system with `routes` routes in all.
+    pub fn start(&self, tools: &Tools, dir: &Path, upstream: SocketAddr, core: u32, routes: u32) -> Result<Started> {
         let listen = process::free_local_addr()?;
         let admin = process::free_local_addr()?;
         let mut values = vec![
@@ -234,7 +237,7 @@ impl System {
             ("SYSTEM_PROMPT", SYSTEM_PROMPT.to_owned()),
         ];
         match self.kind {
-            Kind::Direct => Ok(Started { addr: upstream, tree: None }),
+            Kind::Direct => Ok(Started { addr: upstream, admin: None, tree: None }),
             Kind::Sluice(template, extra) => {
                 let config_dir = dir.join("config");
                 fs::create_dir(&config_dir)?;
@@ -242,6 +245,9 @@ impl System {
                 values.push(("PLUGINS_DIST", tools.plugins_dist.display().to_string()));
                 values.push(("API_KEY_SHA256", hex::encode(Sha256::digest(API_KEY))));
                 render(template, &config_dir.join("bench.yaml"), &values)?;
+                if routes > 1 {
+                    fs::write(config_dir.join("filler.yaml"), filler_routes(routes - 1, upstream))?;
+                }
                 let mut cmd = pinned(core, &tools.sluice);
                 cmd.arg("run")
                     .arg("--config")
@@ -255,7 +261,7 @@ impl System {
                     .env("RUST_LOG", "warn");
                 let mut running = Running::spawn(self.name, cmd, &dir.join("sluice.log"))?;
                 process::wait_for_ready(admin, &mut [&mut running], READY_TIMEOUT)?;
-                Ok(Started { addr: listen, tree: Some(ProcessTree::new(running, &config_dir)?) })
+                Ok(Started { addr: listen, admin: Some(admin), tree: Some(ProcessTree::new(running, &config_dir)?) })
             }
             Kind::Envoy(template) => {
                 values.push(("FILTER_WASM", tools.proxy_wasm_filter.display().to_string()));
@@ -265,11 +271,13 @@ impl System {
                 cmd.arg("-c").arg(&config).args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn"]);
                 let mut running = Running::spawn(self.name, cmd, &dir.join("envoy.log"))?;
                 process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
-                Ok(Started { addr: listen, tree: Some(ProcessTree::new(running, &config)?) })
+                Ok(Started { addr: listen, admin: None, tree: Some(ProcessTree::new(running, &config)?) })
             }
-            Kind::Nginx(template) => {
-                Ok(Started { addr: listen, tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?) })
-            }
+            Kind::Nginx(template) => Ok(Started {
+                addr: listen,
+                admin: None,
+                tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?),
+            }),
         }
     }
 }
@@ -299,6 +307,18 @@ pub fn start_nginx(
     let mut running = Running::spawn(name, cmd, &prefix.join("nginx.log"))?;
     process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
     ProcessTree::new(running, &config)
+}
+
+/// `count` routes for models no request names, to the same upstream.
+fn filler_routes(count: u32, upstream: SocketAddr) -> String {
+    let mut yaml = String::new();
+    for i in 0..count {
+        yaml.push_str(&format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata:\n  name: filler-{i}\nspec:\n  \
+             models: [filler-model-{i}]\n  backends:\n    - url: http://{upstream}/v1\n---\n"
+        ));
+    }
+    yaml
 }
 
 /// Writes `template` to `dest` with each `${NAME}` replaced by its value;
