@@ -2,7 +2,8 @@
 //! `plugins/<name>/example.yaml`: a fresh instance (instantiate +
 //! `configure`), and one `request-filter` call on a chat request. Prints a
 //! table, with what the plugin did with the request (some examples answer
-//! it directly, e.g. auth without a credential).
+//! it directly, e.g. auth without a credential), and the RSS one more loaded
+//! plugin version adds (compiled code, snapshot, an instance at work).
 //!
 //! Run: `cargo bench -p sluice-tests --bench plugins` (after `cargo xtask plugins`).
 
@@ -19,8 +20,10 @@ const MEASURE_FOR: Duration = Duration::from_millis(1000);
 
 fn main() {
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    println!("| plugin | size | instantiate + configure | request-filter call | per request, Reused | outcome |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| plugin | size | instantiate + configure | request-filter call | per request, Reused | RSS added | outcome |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     tokio.block_on(async {
         sluice_runtime::tokens::warm_up();
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
@@ -28,10 +31,13 @@ fn main() {
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
             let bytes = std::fs::read(root.join(format!("plugins/dist/{name}.wasm"))).expect("built plugins");
             let size = bytes.len();
+            let rss_before = rss_bytes();
             let module = runtime.load(bytes, None).await.unwrap();
             let config = example_config(&root.join(format!("plugins/{name}/example.yaml")));
             let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 64 << 20 };
             let plugin = module.configure(name, &config, limits, Isolation::PerRequest).await.unwrap();
+            // Measured from its snapshot, as it serves.
+            plugin.snapshotted().await;
             let request = request();
             let instantiate = median_of(async || drop(plugin.instance().await.unwrap())).await;
             let mut instance = plugin.instance().await.unwrap();
@@ -40,6 +46,9 @@ fn main() {
                 RequestAction::Respond(response) => format!("respond {}", response.status),
             };
             let call = median_of(async || drop(instance.request_filter(&request).await.unwrap())).await;
+            // What one more loaded plugin version holds: its code, its
+            // snapshot and an instance at work.
+            let rss_added = rss_bytes().saturating_sub(rss_before);
             let reused = module.configure(name, &config, limits, Isolation::Reused { max_idle: 4 }).await.unwrap();
             let per_request_reused = median_of(async || {
                 let mut instance = reused.instance().await.unwrap();
@@ -47,11 +56,12 @@ fn main() {
             })
             .await;
             println!(
-                "| {name} | {:.0} KiB | {} | {} | {} | {outcome} |",
+                "| {name} | {:.0} KiB | {} | {} | {} | {:.1} MiB | {outcome} |",
                 size as f64 / 1024.0,
                 us(instantiate),
                 us(call),
-                us(per_request_reused)
+                us(per_request_reused),
+                rss_added as f64 / (1024.0 * 1024.0),
             );
         }
     });
@@ -98,6 +108,16 @@ async fn median_of(mut op: impl AsyncFnMut()) -> Duration {
     }
     samples.sort();
     samples[samples.len() / 2]
+}
+
+/// Resident memory in use: what glibc keeps of freed memory (compiling a
+/// plugin frees tens of MiB) is given back first, so it is not counted.
+fn rss_bytes() -> u64 {
+    // SAFETY: malloc_trim only releases free memory.
+    unsafe { libc::malloc_trim(0) };
+    let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
+    let kib = status.lines().find_map(|line| line.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next());
+    kib.and_then(|kib| kib.parse::<u64>().ok()).expect("VmRSS in kB") * 1024
 }
 
 fn us(d: Duration) -> String {
