@@ -115,8 +115,8 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     let _ = writeln!(
         out,
         "- Equivalence: the proxy-wasm filter sets `x-team: search` and prepends a system message; \
-         `sluice-decorate` and the decorator-lite systems (`sluice-rust`, `-c`, `-python`, `-js`, each also \
-         `-reused`) do the same, checked at an echo upstream before measuring. \
+         `sluice-decorate`, the decorator-lite systems (`sluice-rust`, `-c`, `-python`, `-js`, each also \
+         `-reused`) and `litellm` (a pre-call hook) do the same, checked at an echo upstream before measuring. \
          Streaming responses are not measured yet (the upstream answers with one JSON body).\n"
     );
 

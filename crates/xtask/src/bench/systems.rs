@@ -53,7 +53,13 @@ pub enum Kind {
     Envoy(&'static str),
     /// nginx with this config template.
     Nginx(&'static str),
+    /// The LiteLLM proxy (one worker) with this config template, next to
+    /// [`LITELLM_HOOK`], which the config names.
+    Litellm(&'static str),
 }
+
+/// LiteLLM's pre-call hook doing the filter's work, a template too.
+const LITELLM_HOOK: &str = "tests/bench/litellm/decorate.py";
 
 /// What a system does to a request, checked at the upstream before it is
 /// measured.
@@ -152,6 +158,12 @@ pub const SYSTEMS: &[System] = &[
         about: "nginx, plain reverse proxy, one worker, pooled upstream connections",
         kind: Kind::Nginx("tests/bench/nginx/proxy.conf.tmpl"),
         work: PROXY,
+    },
+    System {
+        name: "litellm",
+        about: "LiteLLM proxy (Python, one uvicorn worker) doing the filter's work in an `async_pre_call_hook`",
+        kind: Kind::Litellm("tests/bench/litellm/config.yaml.tmpl"),
+        work: DECORATE,
     },
 ];
 
@@ -278,6 +290,26 @@ impl System {
                 admin: None,
                 tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?),
             }),
+            Kind::Litellm(template) => {
+                // The config names the hook as a module next to it.
+                let config = dir.join("config.yaml");
+                render(template, &config, &values)?;
+                render(LITELLM_HOOK, &dir.join("decorate.py"), &values)?;
+                let mut cmd = pinned(core, &tools.litellm);
+                cmd.arg("--config")
+                    .arg(&config)
+                    .args(["--host", "127.0.0.1", "--port", &listen.port().to_string(), "--num_workers", "1"])
+                    // Whatever it writes to its working directory goes
+                    // with the run.
+                    .current_dir(dir)
+                    // No internet: the bundled model cost map, not a fetch.
+                    .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+                    // Measure the proxy, not per-request (access) logging.
+                    .env("LITELLM_LOG", "WARNING");
+                let mut running = Running::spawn(self.name, cmd, &dir.join("litellm.log"))?;
+                process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
+                Ok(Started { addr: listen, admin: None, tree: Some(ProcessTree::new(running, &config)?) })
+            }
         }
     }
 }
