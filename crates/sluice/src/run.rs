@@ -181,9 +181,6 @@ pub struct LimitArgs {
     pub http2_max_concurrent_streams: u32,
 }
 
-/// Runs the gateway until `shutdown` resolves, then drains: /readyz fails
-/// first, requests are still served for `--shutdown-delay-seconds`, then
-/// in-flight requests get `--drain-seconds` to finish.
 /// The tokio runtime `sluice run` serves on, `worker_threads` as its flag
 /// says. Measured pinned to one core (tests/bench): a current-thread runtime
 /// instead of a one-worker multi-thread one cut the CPU per request from 32
@@ -205,6 +202,9 @@ pub fn tokio_runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::R
     }
 }
 
+/// Runs the gateway until `shutdown` resolves, then drains: /readyz fails
+/// first, requests are still served for `--shutdown-delay-seconds`, then
+/// in-flight requests get `--drain-seconds` to finish.
 pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let gateway = build_gateway(&args)?;
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

@@ -210,8 +210,8 @@ impl<'a> Counter<'a> {
         self.fixed(chat) + chat.messages.iter().map(|m| self.message(m).total()).sum::<u32>()
     }
 
-    /// At least the tokens the request counts as: the gateway's BPE
-    /// tokenizers never produce more tokens than the text has bytes.
+    /// Never fewer than the tokens the request counts as: the gateway's
+    /// BPE tokenizers never produce more tokens than the text has bytes.
     fn upper_bound(&self, chat: &ChatRequest) -> u64 {
         let len = |text: Option<&str>| text.map_or(0, str::len) as u64;
         let tools = chat.extra.get("tools").map_or(0, |tools| tools.to_string().len() as u64);
