@@ -33,6 +33,52 @@ pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result
     parse(&response)
 }
 
+/// A streamed response's timing.
+pub struct Streamed {
+    /// From the request written to the first `data:` of the body.
+    pub first_event: Duration,
+}
+
+/// POSTs `body` (a streaming chat request) like [`post`], times the first
+/// server-sent event, and reads the stream to its `[DONE]`.
+pub fn post_streaming(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result<Streamed> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_nodelay(true)?;
+    let mut head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut request = head.into_bytes();
+    request.extend_from_slice(body);
+    let started = std::time::Instant::now();
+    stream.write_all(&request)?;
+    let (mut response, mut first_event, mut buf) = (Vec::new(), None, [0u8; 16 << 10]);
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        response.extend_from_slice(&buf[..n]);
+        if first_event.is_none()
+            && let Some(end) = response.windows(4).position(|w| w == b"\r\n\r\n")
+            && response[end..].windows(5).any(|w| w == b"data:")
+        {
+            first_event = Some(started.elapsed());
+        }
+    }
+    let parsed = parse(&response)?;
+    if parsed.status != 200 || !parsed.body.windows(6).any(|w| w == b"[DONE]") {
+        bail!("a stream ended with {} and no [DONE]: {}", parsed.status, String::from_utf8_lossy(&parsed.body));
+    }
+    Ok(Streamed { first_event: first_event.context("a stream with no event")? })
+}
+
 /// GETs `path` on `addr`, on a connection of its own.
 pub fn get(addr: SocketAddr, path: &str) -> Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;

@@ -46,6 +46,10 @@ use self::systems::{READY_TIMEOUT, SYSTEMS, System, pinned};
 
 /// The ~2 KB chat request every system is sent.
 const SMALL_BODY: &str = "tests/bench/chat-2k.json";
+/// Streams timed per system and round, one at a time, and the content
+/// chunks of each (the echo upstream sends them 20 ms apart).
+const STREAMS: usize = 50;
+const STREAM_CHUNKS: u32 = 3;
 /// How long each system is left idle once it serves, to measure its idle
 /// CPU (a config poll that re-reads everything would show here).
 const IDLE: Duration = Duration::from_secs(5);
@@ -278,6 +282,7 @@ impl Bench<'_> {
             self.oha(&url, Load::closed(self.args.saturation_connections, &self.args.saturation_duration))?;
         let cpu_after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
         let rss_bytes = gateway.pid().map(procfs::tree_rss_bytes).transpose()?;
+        let streams = self.stream_probe(&gateway)?;
         gateway.check_alive()?;
         Ok(RoundResult {
             fixed,
@@ -285,7 +290,19 @@ impl Bench<'_> {
             cpu_seconds: cpu_before.zip(cpu_after).map(|(before, after)| after - before),
             idle_cpu_seconds: idle_before.zip(idle_after).map(|(before, after)| after - before),
             rss_bytes,
+            streams,
         })
+    }
+
+    /// Streams, one after another, from the echo upstream (a few chunks
+    /// 20 ms apart): when the first event reaches the client, and the end.
+    fn stream_probe(&self, gateway: &systems::Started) -> Result<Vec<http::Streamed>> {
+        let mut body = self.body.json.clone();
+        body["stream"] = true.into();
+        let body = body.to_string();
+        let mut headers = request_headers(true);
+        headers.extend([("x-echo-chunks", STREAM_CHUNKS.to_string()), ("x-echo-chunk-delay-ms", "20".into())]);
+        (0..STREAMS).map(|_| http::post_streaming(gateway.addr, &headers, body.as_bytes())).collect()
     }
 
     /// Waits until a request through the system gets a 200.

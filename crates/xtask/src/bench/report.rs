@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::oha::Measurement;
 use super::systems::{DIRECT, RATIO_BASE, System};
+use super::{STREAM_CHUNKS, STREAMS};
 
 /// What one round measured of one system.
 pub struct RoundResult {
@@ -19,6 +20,8 @@ pub struct RoundResult {
     pub idle_cpu_seconds: Option<f64>,
     /// RSS of the process tree after the saturation run.
     pub rss_bytes: Option<u64>,
+    /// Streams from the echo upstream, one at a time, after the load.
+    pub streams: Vec<super::http::Streamed>,
 }
 
 impl RoundResult {
@@ -109,7 +112,9 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         "- CPU per request: utime + stime of the system's process tree (threads and children included) over the \
          saturation run, divided by the 200s it served; median (min–max) over rounds; ratio to `{RATIO_BASE}`. \
          Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
-         rounds. RSS: the tree's VmRSS after the saturation run, the largest over rounds.",
+         rounds. RSS: the tree's VmRSS after the saturation run, the largest over rounds. Streams: after the \
+         load, {STREAMS} streaming requests one at a time, answered by the echo upstream with \
+         {STREAM_CHUNKS} chunks 20 ms apart; the time to the first `data:` event over direct's, in ms.",
         facts.idle
     );
     let _ = writeln!(
@@ -128,8 +133,8 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     }
     header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
     header.push_str(RATIO_BASE);
-    header.push_str(" | idle CPU (% of a core) | RSS (MiB) |");
-    rule.push_str("---:|---:|---:|---:|---:|");
+    header.push_str(" | idle CPU (% of a core) | RSS (MiB) | added time to first event p50 / p99 (ms) |");
+    rule.push_str("---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(out, "{header}\n{rule}");
 
     let direct = results.iter().find(|r| r.system.name == DIRECT);
@@ -157,7 +162,8 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         let rss = result.rounds.iter().filter_map(|r| r.rss_bytes).max();
         let rss = rss.map_or("—".into(), |bytes| format!("{:.1}", bytes as f64 / (1024.0 * 1024.0)));
         let throughput = throughput.map_or("—".into(), |t| format!("{t:.0}"));
-        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {idle} | {rss} |");
+        let ttft = stream_cell(result, direct);
+        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {idle} | {rss} | {ttft} |");
     }
 
     for result in results {
@@ -242,5 +248,24 @@ mod tests {
         assert_eq!(median([Some(4.0), Some(1.0)].into_iter()), Some(2.5));
         assert_eq!(median([Some(4.0), None].into_iter()), None);
         assert_eq!(median(std::iter::empty()), None);
+    }
+}
+
+/// The added time to the first event, p50 / p99 over all rounds' streams,
+/// against direct's at the same percentile.
+fn stream_cell(result: &SystemResults, direct: Option<&SystemResults>) -> String {
+    let percentiles = |result: &SystemResults| {
+        let mut firsts: Vec<f64> =
+            result.rounds.iter().flat_map(|r| &r.streams).map(|s| s.first_event.as_secs_f64() * 1e3).collect();
+        firsts.sort_by(f64::total_cmp);
+        let at = |p: usize| firsts.get((firsts.len() * p / 100).min(firsts.len().saturating_sub(1))).copied();
+        at(50).zip(at(99))
+    };
+    match (percentiles(result), direct.and_then(percentiles)) {
+        (Some((p50, p99)), Some((d50, d99))) if result.system.name != DIRECT => {
+            format!("{:+.3} / {:+.3}", p50 - d50, p99 - d99)
+        }
+        (Some((p50, p99)), _) => format!("{p50:.3} / {p99:.3}"),
+        _ => "—".into(),
     }
 }
