@@ -238,19 +238,6 @@ fn ms(seconds: Option<f64>) -> String {
     seconds.map_or("—".into(), |s| format!("{:.3}", s * 1e3))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_of_even_and_odd_counts_and_missing_values() {
-        assert_eq!(median([Some(3.0), Some(1.0), Some(2.0)].into_iter()), Some(2.0));
-        assert_eq!(median([Some(4.0), Some(1.0)].into_iter()), Some(2.5));
-        assert_eq!(median([Some(4.0), None].into_iter()), None);
-        assert_eq!(median(std::iter::empty()), None);
-    }
-}
-
 /// The added time to the first event, p50 / p99 over all rounds' streams,
 /// against direct's at the same percentile.
 fn stream_cell(result: &SystemResults, direct: Option<&SystemResults>) -> String {
@@ -267,5 +254,18 @@ fn stream_cell(result: &SystemResults, direct: Option<&SystemResults>) -> String
         }
         (Some((p50, p99)), _) => format!("{p50:.3} / {p99:.3}"),
         _ => "—".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts_and_missing_values() {
+        assert_eq!(median([Some(3.0), Some(1.0), Some(2.0)].into_iter()), Some(2.0));
+        assert_eq!(median([Some(4.0), Some(1.0)].into_iter()), Some(2.5));
+        assert_eq!(median([Some(4.0), None].into_iter()), None);
+        assert_eq!(median(std::iter::empty()), None);
     }
 }
