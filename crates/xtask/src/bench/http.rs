@@ -33,6 +33,11 @@ pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result
     parse(&response)
 }
 
+/// Streams timed per system and round, one at a time, and the content
+/// chunks of each (the echo upstream sends them 20 ms apart).
+pub const STREAMS: usize = 50;
+pub const STREAM_CHUNKS: u32 = 3;
+
 /// A streamed response's timing.
 pub struct Streamed {
     /// From the request written to the first `data:` of the body.

@@ -46,10 +46,6 @@ use self::systems::{READY_TIMEOUT, SYSTEMS, System, pinned};
 
 /// The ~2 KB chat request every system is sent.
 const SMALL_BODY: &str = "tests/bench/chat-2k.json";
-/// Streams timed per system and round, one at a time, and the content
-/// chunks of each (the echo upstream sends them 20 ms apart).
-const STREAMS: usize = 50;
-const STREAM_CHUNKS: u32 = 3;
 /// How long each system is left idle once it serves, to measure its idle
 /// CPU (a config poll that re-reads everything would show here).
 const IDLE: Duration = Duration::from_secs(5);
@@ -301,8 +297,8 @@ impl Bench<'_> {
         body["stream"] = true.into();
         let body = body.to_string();
         let mut headers = request_headers(true);
-        headers.extend([("x-echo-chunks", STREAM_CHUNKS.to_string()), ("x-echo-chunk-delay-ms", "20".into())]);
-        (0..STREAMS).map(|_| http::post_streaming(gateway.addr, &headers, body.as_bytes())).collect()
+        headers.extend([("x-echo-chunks", http::STREAM_CHUNKS.to_string()), ("x-echo-chunk-delay-ms", "20".into())]);
+        (0..http::STREAMS).map(|_| http::post_streaming(gateway.addr, &headers, body.as_bytes())).collect()
     }
 
     /// Waits until a request through the system gets a 200.

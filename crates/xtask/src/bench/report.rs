@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use super::http::{STREAM_CHUNKS, STREAMS};
 use super::oha::Measurement;
 use super::systems::{DIRECT, RATIO_BASE, System};
-use super::{STREAM_CHUNKS, STREAMS};
 
 /// What one round measured of one system.
 pub struct RoundResult {
