@@ -112,8 +112,8 @@ mod tests {
         ticker.keep_ticking_until(Instant::now() + Duration::from_millis(200));
         std::thread::sleep(Duration::from_millis(100));
         let running = ticker.ticks() - parked_at;
-        // A 1 ms tick on a busy machine: far fewer than 100, far more than 1.
-        assert!(running >= 10, "{running} ticks in 100 ms with a call armed");
+        // 1 ms ticks: about 100, far fewer on a busy machine, but not 1.
+        assert!(running >= 5, "{running} ticks in 100 ms with a call armed");
 
         std::thread::sleep(Duration::from_millis(200));
         let after = ticker.ticks();
