@@ -15,8 +15,22 @@ pub struct Response {
 /// POSTs `body` to `/v1/chat/completions` on `addr` with `headers`, on a
 /// connection of its own, and reads the whole response.
 pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result<Response> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    let mut stream = connect(addr)?;
+    stream.write_all(&chat_request(addr, headers, body))?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    parse(&response)
+}
+
+fn connect(addr: SocketAddr) -> Result<TcpStream> {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(stream)
+}
+
+/// A `POST /v1/chat/completions` of `body` with `headers`, head and body
+/// in one buffer, on a connection closed after it.
+fn chat_request(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
     let mut head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n",
@@ -26,11 +40,9 @@ pub fn post(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    parse(&response)
+    let mut request = head.into_bytes();
+    request.extend_from_slice(body);
+    request
 }
 
 /// Streams timed per system and round, one at a time, and the content
@@ -47,20 +59,9 @@ pub struct Streamed {
 /// POSTs `body` (a streaming chat request) like [`post`], times the first
 /// server-sent event, and reads the stream to its `[DONE]`.
 pub fn post_streaming(addr: SocketAddr, headers: &[(&str, String)], body: &[u8]) -> Result<Streamed> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut stream = connect(addr)?;
     stream.set_nodelay(true)?;
-    let mut head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut request = head.into_bytes();
-    request.extend_from_slice(body);
+    let request = chat_request(addr, headers, body);
     let started = std::time::Instant::now();
     stream.write_all(&request)?;
     let (mut response, mut first_event, mut buf) = (Vec::new(), None, [0u8; 16 << 10]);
@@ -86,8 +87,7 @@ pub fn post_streaming(addr: SocketAddr, headers: &[(&str, String)], body: &[u8])
 
 /// GETs `path` on `addr`, on a connection of its own.
 pub fn get(addr: SocketAddr, path: &str) -> Result<Response> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut stream = connect(addr)?;
     stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
