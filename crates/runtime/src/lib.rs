@@ -84,3 +84,11 @@ pub fn digest_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
+
+/// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs
+/// first.
+#[cfg(test)]
+fn built_plugin(name: &str) -> Vec<u8> {
+    let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+}

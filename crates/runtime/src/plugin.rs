@@ -392,16 +392,11 @@ impl Drop for PluginInstance {
 
 #[cfg(test)]
 mod tests {
+    use crate::built_plugin as wasm;
     use serde_json::json;
 
     use super::*;
     use crate::{Runtime, RuntimeConfig};
-
-    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
-    fn wasm(name: &str) -> Vec<u8> {
-        let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
-    }
 
     fn limits(timeout_ms: u64) -> Limits {
         Limits { timeout: Duration::from_millis(timeout_ms), max_memory_bytes: 64 << 20 }

@@ -321,15 +321,10 @@ fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::built_plugin;
 
-    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
     fn add_header() -> Vec<u8> {
-        built("add-header")
-    }
-
-    fn built(name: &str) -> Vec<u8> {
-        let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+        built_plugin("add-header")
     }
 
     /// Only plugins that count tokens make the gateway load the tokenizers.
@@ -337,7 +332,7 @@ mod tests {
     fn which_plugins_count_tokens_is_read_from_their_imports() {
         let engine = Engine::default();
         for (name, counts) in [("add-header", false), ("prompt-decorator", false), ("context-trim", true)] {
-            let component = Component::new(&engine, built(name)).unwrap();
+            let component = Component::new(&engine, built_plugin(name)).unwrap();
             assert_eq!(imports_host_func(&component, "count-tokens"), counts, "{name}");
         }
     }

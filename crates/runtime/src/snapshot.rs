@@ -372,6 +372,7 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::built_plugin as wasm;
     use std::time::Duration;
 
     use std::sync::atomic::Ordering;
@@ -380,12 +381,6 @@ mod tests {
     use sluice_core::Isolation;
 
     use crate::{ConfiguredPlugin, Limits, PluginError, Request, RequestAction, Response, Runtime, RuntimeConfig};
-
-    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
-    fn wasm(name: &str) -> Vec<u8> {
-        let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
-    }
 
     fn runtime(snapshots: bool) -> Runtime {
         let defaults = RuntimeConfig::default();
