@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::Isolation;
-use sluice_runtime::{ConfiguredPlugin, Limits, PluginModule, Request, RequestAction, Runtime, RuntimeConfig};
+use sluice_runtime::{ConfiguredPlugin, Limits, PluginModule, PluginRequest, RequestAction, Runtime, RuntimeConfig};
 
 const LANGUAGES: [&str; 4] = ["rust", "c", "python", "js"];
 
@@ -99,18 +99,21 @@ async fn measure(language: &str) -> Row {
     .await;
     let mut live = per_request.instance().await.unwrap();
     let call = median_of(async || {
-        check(live.request_filter(&request).await.unwrap());
+        let mut edited = request.clone();
+        check(live.request_filter(&mut edited).await.unwrap(), edited);
     })
     .await;
     drop(live);
     let per_request_cost = median_of(async || {
         let mut instance = per_request.instance().await.unwrap();
-        check(instance.request_filter(&request).await.unwrap());
+        let mut edited = request.clone();
+        check(instance.request_filter(&mut edited).await.unwrap(), edited);
     })
     .await;
     let per_request_reused = median_of(async || {
         let mut instance = reused.instance().await.unwrap();
-        check(instance.request_filter(&request).await.unwrap());
+        let mut edited = request.clone();
+        check(instance.request_filter(&mut edited).await.unwrap(), edited);
     })
     .await;
 
@@ -131,21 +134,22 @@ async fn configure(module: &Arc<PluginModule>, isolation: Isolation) -> Configur
     module.configure("bench/decorator-lite", &config, limits, isolation).await.unwrap()
 }
 
-fn request() -> Request {
-    Request {
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#.to_vec(),
-        model: "gpt-4o-mini".into(),
-        route: "default/chat".into(),
-    }
+fn request() -> PluginRequest {
+    const BODY: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#;
+    PluginRequest::new(
+        "POST".into(),
+        "/v1/chat/completions".into(),
+        "gpt-4o-mini".into(),
+        "default/chat".into(),
+        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
+        sluice_chat::ChatBody::validated(BODY.into()),
+    )
 }
 
 /// The plugin did its job, so the timing is of real work.
-fn check(action: RequestAction) {
+fn check(action: RequestAction, mut request: PluginRequest) {
     match action {
-        RequestAction::Continue(edits) => assert!(edits.body.is_some_and(|b| b.starts_with(br#"{"model""#))),
+        RequestAction::Continue => assert!(request.body.bytes().windows(8).any(|w| w == br#""system""#)),
         RequestAction::Respond(response) => panic!("unexpected direct response {}", response.status),
     }
 }

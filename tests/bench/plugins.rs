@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sluice_api::Document;
 use sluice_core::Isolation;
-use sluice_runtime::{Limits, Request, RequestAction, Runtime, RuntimeConfig};
+use sluice_runtime::{Limits, PluginRequest, RequestAction, Runtime, RuntimeConfig};
 
 const PLUGINS: &[&str] =
     &["prompt-template", "prompt-decorator", "context-trim", "auth", "prompt-guard", "response-guard"];
@@ -42,18 +42,18 @@ fn main() {
             let request = request();
             let instantiate = median_of(async || drop(plugin.instance().await.unwrap())).await;
             let mut instance = plugin.instance().await.unwrap();
-            let outcome = match instance.request_filter(&request).await.unwrap() {
-                RequestAction::Continue(_) => "continue".to_string(),
+            let outcome = match instance.request_filter(&mut request.clone()).await.unwrap() {
+                RequestAction::Continue => "continue".to_string(),
                 RequestAction::Respond(response) => format!("respond {}", response.status),
             };
-            let call = median_of(async || drop(instance.request_filter(&request).await.unwrap())).await;
+            let call = median_of(async || drop(instance.request_filter(&mut request.clone()).await.unwrap())).await;
             // What one more loaded plugin version holds: its code, its
             // snapshot and an instance at work.
             let rss_added = rss_bytes().saturating_sub(rss_before);
             let reused = module.configure(name, &config, limits, Isolation::Reused { max_idle: 4 }).await.unwrap();
             let per_request_reused = median_of(async || {
                 let mut instance = reused.instance().await.unwrap();
-                drop(instance.request_filter(&request).await.unwrap());
+                drop(instance.request_filter(&mut request.clone()).await.unwrap());
             })
             .await;
             println!(
@@ -79,7 +79,7 @@ fn example_config(path: &Path) -> serde_json::Value {
         .expect("a GatewayPlugin in the example")
 }
 
-fn request() -> Request {
+fn request() -> PluginRequest {
     let body = serde_json::json!({
         "model": "gpt-4o-mini",
         "messages": [
@@ -89,14 +89,15 @@ fn request() -> Request {
             {"role": "user", "content": "Summarise the plot of Hamlet in two sentences."}
         ]
     });
-    Request {
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: body.to_string().into_bytes(),
-        model: "gpt-4o-mini".into(),
-        route: "default/chat".into(),
-    }
+    let body = body.to_string();
+    PluginRequest::new(
+        "POST".into(),
+        "/v1/chat/completions".into(),
+        "gpt-4o-mini".into(),
+        "default/chat".into(),
+        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
+        sluice_chat::ChatBody::validated(body.into()),
+    )
 }
 
 /// The median and the 99th percentile of `op` run for [`MEASURE_FOR`].

@@ -14,22 +14,23 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use sluice_core::Isolation;
-use sluice_runtime::{ConfiguredPlugin, Limits, Request, Runtime, RuntimeConfig};
+use sluice_runtime::{ConfiguredPlugin, Limits, PluginRequest, Runtime, RuntimeConfig};
 
 fn plugin_bytes(name: &str) -> Vec<u8> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist").join(format!("{name}.wasm"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask plugins`", path.display()))
 }
 
-fn request() -> Request {
-    Request {
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#.to_vec(),
-        model: "gpt-4o-mini".into(),
-        route: "default/chat".into(),
-    }
+fn request() -> PluginRequest {
+    const BODY: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#;
+    PluginRequest::new(
+        "POST".into(),
+        "/v1/chat/completions".into(),
+        "gpt-4o-mini".into(),
+        "default/chat".into(),
+        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
+        sluice_chat::ChatBody::validated(BODY.into()),
+    )
 }
 
 /// The plugins measured, with the configs of their READMEs and examples.
@@ -135,7 +136,7 @@ fn bench(c: &mut Criterion) {
                 let mut instance = plugin.instance().await.unwrap();
                 let start = Instant::now();
                 for _ in 0..iters {
-                    std::hint::black_box(instance.request_filter(&request).await.unwrap());
+                    std::hint::black_box(instance.request_filter(&mut request.clone()).await.unwrap());
                 }
                 start.elapsed()
             })
@@ -151,7 +152,7 @@ fn bench(c: &mut Criterion) {
                     let start = Instant::now();
                     for _ in 0..iters {
                         let mut instance = plugin.instance().await.unwrap();
-                        std::hint::black_box(instance.request_filter(&request).await.unwrap());
+                        std::hint::black_box(instance.request_filter(&mut request.clone()).await.unwrap());
                     }
                     start.elapsed()
                 })
@@ -164,7 +165,7 @@ fn bench(c: &mut Criterion) {
                 let start = Instant::now();
                 for _ in 0..iters {
                     let mut instance = reused.instance().await.unwrap();
-                    std::hint::black_box(instance.request_filter(&request).await.unwrap());
+                    std::hint::black_box(instance.request_filter(&mut request.clone()).await.unwrap());
                 }
                 start.elapsed()
             })

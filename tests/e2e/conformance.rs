@@ -3,12 +3,16 @@
 //! `cargo xtask plugins` into plugins/dist/example-<language>.wasm.
 //!
 //! Each language gets one gateway, serving the plugin with a good config per
-//! request and reused, and with a config its `configure` must reject.
+//! request and reused, and with a config its `configure` must reject. The C
+//! example as built against `sluice:plugin@0.2.0` (kept byte for byte in
+//! tests/fixtures/plugins-v0.2) must behave the same: 0.2 components keep
+//! loading unchanged.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, chat_body, documents, eventually};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, chat_body, documents, eventually, plugin_wasm};
 
 /// How long compiling a component may take: Python and JavaScript take
 /// seconds alone, and the four languages' tests run side by side.
@@ -24,32 +28,38 @@ const SYSTEM: &str = "Answer in one line. Say \"sluice\" \\ never \u{201c}maybe\
 
 #[tokio::test]
 async fn rust() {
-    conforms("rust", "rust").await;
+    conforms(plugin_wasm("example-rust"), "rust").await;
 }
 
 #[tokio::test]
 async fn c() {
-    conforms("c", "c").await;
+    conforms(plugin_wasm("example-c"), "c").await;
 }
 
 #[tokio::test]
 async fn python() {
-    conforms("python", "python").await;
+    conforms(plugin_wasm("example-python"), "python").await;
 }
 
 #[tokio::test]
 async fn javascript() {
-    conforms("js", "javascript").await;
+    conforms(plugin_wasm("example-js"), "javascript").await;
 }
 
-/// Runs every case against plugins/dist/example-`language`.wasm, whose
-/// response hook must say `x-decorated-by: marker`.
-async fn conforms(language: &str, marker: &str) {
-    let wasm = format!("example-{language}");
+#[tokio::test]
+async fn c_built_for_0_2() {
+    let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/plugins-v0.2/example-c.wasm");
+    conforms(wasm, "c").await;
+}
+
+/// Runs every case against the component at `wasm`, which must mark
+/// responses with `x-decorated-by: marker`.
+async fn conforms(wasm: PathBuf, marker: &str) {
     let config = json!({"system": SYSTEM, "header": "x-team", "value": "search"});
     // The default 100 ms deadline covers instantiation, which for Python
     // (about 3 ms alone) can take longer on a machine busy compiling.
-    let plugin = |name: &str, config: Value| Plugin::new(name, &wasm).config(config).timeout_ms(DEADLINE_MS).yaml();
+    let plugin =
+        |name: &str, config: Value| Plugin::at(name, wasm.clone()).config(config).timeout_ms(DEADLINE_MS).yaml();
     let per_request = plugin("decorator", config.clone());
     let reused = with_isolation(plugin("decorator-reused", config), "Reused");
     let no_system = plugin("no-system", json!({"header": "x-team", "value": "search"}));
@@ -105,7 +115,7 @@ async fn decorates(gateway: &Gateway, model: &str, marker: &str) {
     );
     assert_eq!(echoed["headers"]["x-team"], "search", "{model}: the plugin's header replaces the client's: {echoed}");
     assert_eq!(echoed["model"], model);
-    assert_eq!(reply.header("x-decorated-by"), Some(marker), "{model}: the response hook ran");
+    assert_eq!(reply.header("x-decorated-by"), Some(marker), "{model}: the response is marked");
 
     // An empty list gets the system message alone; other fields stay.
     let body = json!({"model": model, "messages": [], "temperature": 0.5, "user": "u-1"});

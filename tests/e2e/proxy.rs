@@ -53,7 +53,7 @@ async fn the_chain_runs_in_order_and_response_hooks_in_reverse() {
         let reply = gateway.chat(model, &[]).await;
         // Each plugin replaces the header: the upstream sees the last one's.
         assert_eq!(reply.echoed()["headers"]["x-order"], last, "{model}: request hooks run in chain order");
-        // Response hooks unwind the chain: the first plugin has the last word.
+        // Response headers unwind the chain: the first plugin has the last word.
         assert_eq!(reply.header("x-order-reply"), Some(first), "{model}: response hooks run in reverse");
     }
 }

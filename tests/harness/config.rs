@@ -76,6 +76,11 @@ impl Plugin {
         }
     }
 
+    /// A GatewayPlugin whose `source.file` is `path`.
+    pub fn at(name: &str, path: PathBuf) -> Plugin {
+        Plugin { file: path, ..Plugin::new(name, "add-header") }
+    }
+
     /// A GatewayPlugin whose `source.oci` is `reference`.
     pub fn oci(name: &str, reference: &str) -> Plugin {
         Plugin { oci: Some((reference.to_string(), None)), ..Plugin::new(name, "add-header") }

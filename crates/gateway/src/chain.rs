@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
-use sluice_core::{ApiError, Phase};
-use sluice_runtime::{Hooks, PluginError, PluginInstance, RequestAction};
+use sluice_chat::ChatBody;
+use sluice_core::{ApiError, FailurePolicy, Phase};
+use sluice_runtime::headers::{apply_edits, strip_hop_by_hop};
+use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction};
 
 use crate::body::{Body, error_response, full};
-use crate::headers::{apply_edits, strip_hop_by_hop, to_pairs};
 use crate::snapshot::{LoadedPlugin, Route};
 
 /// The hooks that keep an instance alive past the request phase.
@@ -72,10 +73,26 @@ impl Engaged {
 
 /// How the request phase ended.
 pub enum Filtered {
-    /// Forward the (edited) request; these instances wait for the response.
-    Forward(Vec<Engaged>),
+    /// Forward the (edited) request; these instances wait for the response,
+    /// which gets the headers plugins set for it.
+    Forward(Vec<Engaged>, HeaderMap),
     /// A plugin answered the request itself.
     Respond(http::Response<Body>),
+}
+
+/// The request as plugins see it: the body is the one the proxy parsed to
+/// route it (so it is valid JSON), written back once, after the chain.
+fn plugin_request(route: &Route, model: &str, outgoing: &mut Outgoing, max_body_bytes: usize) -> PluginRequest {
+    let mut request = PluginRequest::new(
+        outgoing.method.to_string(),
+        outgoing.path.clone(),
+        model.to_string(),
+        route.decl.key.to_string(),
+        std::mem::take(&mut outgoing.headers),
+        ChatBody::validated(outgoing.body.clone()),
+    );
+    request.max_body_bytes = max_body_bytes;
+    request
 }
 
 /// Runs the route's request hooks in chain order. A body a plugin writes is
@@ -86,40 +103,64 @@ pub async fn request_filters(
     outgoing: &mut Outgoing,
     max_body_bytes: usize,
 ) -> Result<Filtered, ApiError> {
+    let mut request = plugin_request(route, model, outgoing, max_body_bytes);
     let mut engaged = Vec::new();
+    // The response headers each plugin set, in chain order.
+    let mut marks = Vec::new();
     for plugin in &route.chain {
-        match request_filter(plugin, route, model, outgoing, max_body_bytes).await {
-            Ok(Step::Continue(instance)) => {
+        let step = request_filter(plugin, &mut request).await?;
+        marks.push(std::mem::take(&mut request.response_headers));
+        match step {
+            Step::Continue(instance) => {
                 engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
             }
-            Ok(Step::Respond(response)) => return Ok(Filtered::Respond(response)),
-            Err(error) => plugin.on_failure(error)?,
+            Step::Respond(mut response) => {
+                set_all(response.headers_mut(), &response_marks(marks));
+                return Ok(Filtered::Respond(response));
+            }
         }
     }
-    Ok(Filtered::Forward(engaged))
+    outgoing.headers = request.headers;
+    // Written here, once, if plugins edited it in place.
+    outgoing.body = request.body.bytes();
+    Ok(Filtered::Forward(engaged, response_marks(marks)))
+}
+
+/// The response headers plugins set from the request phase, applied as the
+/// response hooks run, in reverse chain order: where two set one header, the
+/// earlier plugin's value wins.
+fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for mark in marks.iter().rev() {
+        set_all(&mut headers, mark);
+    }
+    headers
 }
 
 /// Runs the route's Auth-phase plugins on a copy of `request` as if it
 /// asked for `model`: `Ok` if they all let it through, else their answer.
 /// Nothing is forwarded and the request itself is not edited.
 pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Result<(), http::Response<Body>> {
-    let mut copy = request.clone();
+    let mut copy = plugin_request(route, model, &mut request.clone(), usize::MAX);
     for plugin in route.chain.iter().filter(|p| p.decl.phase == Phase::Auth) {
-        match request_filter(plugin, route, model, &mut copy, usize::MAX).await {
+        match request_filter(plugin, &mut copy).await {
             Ok(Step::Continue(_)) => {}
             Ok(Step::Respond(response)) => return Err(response),
             // Auth plugins fail closed (an Open one is refused at load).
-            Err(error) => {
-                return Err(error_response(
-                    &plugin
-                        .on_failure(error)
-                        .err()
-                        .unwrap_or_else(|| ApiError::internal(format!("auth plugin {} failed open", plugin.name()))),
-                ));
-            }
+            Err(error) => return Err(error_response(&error)),
         }
     }
     Ok(())
+}
+
+/// Sets every header of `set` on `headers`, replacing values of the same name.
+pub fn set_all(headers: &mut HeaderMap, set: &HeaderMap) {
+    for name in set.keys() {
+        headers.remove(name);
+    }
+    for (name, value) in set {
+        headers.append(name, value.clone());
+    }
 }
 
 enum Step {
@@ -128,41 +169,31 @@ enum Step {
     Respond(http::Response<Body>),
 }
 
-async fn request_filter(
-    plugin: &LoadedPlugin,
-    route: &Route,
-    model: &str,
-    outgoing: &mut Outgoing,
-    max_body_bytes: usize,
-) -> Result<Step, PluginError> {
+/// One plugin's request hook, under its failure policy: a plugin that
+/// fails open is skipped, and the request goes on as it was before it.
+async fn request_filter(plugin: &LoadedPlugin, request: &mut PluginRequest) -> Result<Step, ApiError> {
+    let before = (plugin.decl.failure_policy == FailurePolicy::Open).then(|| request.clone());
+    match run_request_filter(plugin, request).await {
+        Ok(step) => Ok(step),
+        Err(error) => {
+            plugin.on_failure(error)?;
+            if let Some(before) = before {
+                *request = before;
+            }
+            Ok(Step::Continue(None))
+        }
+    }
+}
+
+async fn run_request_filter(plugin: &LoadedPlugin, request: &mut PluginRequest) -> Result<Step, PluginError> {
     let hooks = plugin.hooks();
     if hooks == Hooks::empty() {
         return Ok(Step::Continue(None));
     }
     let mut instance = plugin.instance().await?;
     if hooks.contains(Hooks::REQUEST) {
-        let view = sluice_runtime::Request {
-            method: outgoing.method.to_string(),
-            path: outgoing.path.clone(),
-            headers: to_pairs(&outgoing.headers),
-            body: outgoing.body.to_vec(),
-            model: model.to_string(),
-            route: route.decl.key.to_string(),
-        };
-        match instance.request_filter(&view).await? {
-            RequestAction::Continue(edits) => {
-                apply_edits(&mut outgoing.headers, &edits.set_headers, &edits.remove_headers)
-                    .map_err(PluginError::InvalidEdit)?;
-                if let Some(body) = edits.body {
-                    if body.len() > max_body_bytes {
-                        return Err(PluginError::InvalidEdit(format!(
-                            "the body it wrote ({} bytes) is over the limit of {max_body_bytes} bytes",
-                            body.len()
-                        )));
-                    }
-                    outgoing.body = Bytes::from(body);
-                }
-            }
+        match instance.request_filter(request).await? {
+            RequestAction::Continue => {}
             RequestAction::Respond(direct) => {
                 check_direct_status(direct.status)?;
                 return Ok(Step::Respond(direct_response(plugin, direct)));

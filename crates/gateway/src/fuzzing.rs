@@ -25,15 +25,15 @@ pub fn usage_in(json: &[u8]) -> Option<(u32, u32, u32)> {
 
 /// Applies a plugin's header edits.
 pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[String]) -> Result<(), String> {
-    crate::headers::apply_edits(headers, set, remove)
+    sluice_runtime::headers::apply_edits(headers, set, remove)
 }
 
 /// Removes hop-by-hop headers and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    crate::headers::strip_hop_by_hop(headers)
+    sluice_runtime::headers::strip_hop_by_hop(headers)
 }
 
 /// The headers as plugins see them.
 pub fn to_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
-    crate::headers::to_pairs(headers)
+    sluice_runtime::headers::to_pairs(headers)
 }

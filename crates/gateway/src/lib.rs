@@ -9,8 +9,6 @@ mod chain;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
-mod headers;
-mod json_edit;
 mod proxy;
 mod response;
 mod server;

@@ -16,8 +16,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::body::{Body, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
-use crate::headers::not_utf8;
-use crate::json_edit;
+use sluice_runtime::headers::not_utf8;
+
 use crate::response::{self, Exchange};
 use crate::snapshot::{Route, Snapshot};
 
@@ -152,10 +152,11 @@ async fn proxy(
     let Some(route) = snapshot.route_for(&model) else {
         return Ok(unknown_model(snapshot, &model, &outgoing).await);
     };
-    let engaged = match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes).await? {
-        Filtered::Forward(engaged) => engaged,
-        Filtered::Respond(response) => return Ok(response),
-    };
+    let (engaged, response_headers) =
+        match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes).await? {
+            Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
+            Filtered::Respond(response) => return Ok(response),
+        };
     if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
         // Plugins that read the response body need it as text, not gzip.
         outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -163,7 +164,7 @@ async fn proxy(
 
     let upstream = forward(gateway, route, outgoing).await?;
     let exchange = Exchange { started, model, route: route.decl.key.to_string() };
-    response::respond(upstream, exchange, engaged, &gateway.settings).await
+    response::respond(upstream, exchange, engaged, response_headers, &gateway.settings).await
 }
 
 /// Reads the whole request body, within the per-request size limit, the
@@ -268,7 +269,7 @@ pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError
     serde_json::from_slice::<serde::de::IgnoredAny>(body)
         .map_err(|e| ApiError::internal(format!("the plugin chain left a body that is not JSON: {e}")))?;
     let model = serde_json::Value::from(model).to_string();
-    Ok(json_edit::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
+    Ok(sluice_chat::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

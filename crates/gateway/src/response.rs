@@ -20,8 +20,8 @@ use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSu
 use crate::body::{Body, BoxError, collect_limited, full};
 use crate::chain::Engaged;
 use crate::gateway::Settings;
-use crate::headers::{apply_edits, drop_not_utf8, strip_hop_by_hop, to_pairs};
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
+use sluice_runtime::headers::{apply_edits, drop_not_utf8, strip_hop_by_hop, to_pairs};
 
 /// How much of a JSON response is copied aside to read its `usage`. Larger
 /// bodies still pass through; their usage goes unreported.
@@ -39,11 +39,13 @@ pub struct Exchange {
 
 /// The response as the client receives it. Plugins engaged in the exchange
 /// see the head, then the body; a `Closed` plugin that fails before the head
-/// is sent turns the response into an error.
+/// is sent turns the response into an error. `set_headers` are the headers
+/// plugins set for it from the request phase.
 pub async fn respond(
     upstream: http::Response<Incoming>,
     exchange: Exchange,
     mut engaged: Vec<Engaged>,
+    set_headers: http::HeaderMap,
     settings: &Settings,
 ) -> Result<http::Response<Body>, ApiError> {
     let max_body_bytes = settings.max_body_bytes;
@@ -61,6 +63,7 @@ pub async fn respond(
     }
     engaged.reverse();
     response_filters(&mut head, &mut engaged).await?;
+    crate::chain::set_all(&mut head.headers, &set_headers);
 
     let streamed = head
         .headers

@@ -8,10 +8,16 @@ use tracing::Level;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::bindings::sluice::plugin::{host, types};
+use http::HeaderName;
+use wasmtime::component::Resource;
+
+use crate::bindings::v3::sluice::plugin::types as wit;
+use crate::bindings::{Content, ContentPart, Message, v2, v3};
 use crate::epoch::EpochTicker;
 use crate::guest_log::{self, Admit, RateLimit};
+use crate::headers::to_pairs;
 use crate::memory::{GuestMemory, MemoryLimiter};
+use crate::request::PluginRequest;
 
 pub(crate) struct PluginState {
     /// `namespace/name`, for attributing log lines.
@@ -26,7 +32,7 @@ pub(crate) struct PluginState {
     /// Rust's wasip2 std imports WASI even when a plugin uses none of it; it
     /// gets a context with no preopens, no network, no env and no stdio.
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
 }
 
 impl PluginState {
@@ -119,10 +125,10 @@ impl PluginState {
     }
 }
 
-impl types::Host for PluginState {}
+impl v2::sluice::plugin::types::Host for PluginState {}
 
-impl host::Host for PluginState {
-    fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) {
+impl PluginState {
+    fn log(&mut self, level: Level, message: String, fields: Vec<(String, String)>) {
         // Lines no one would see cost nothing and are not counted.
         macro_rules! at {
             ($level:expr) => {
@@ -134,11 +140,11 @@ impl host::Host for PluginState {
             };
         }
         match level {
-            types::LogLevel::Trace => at!(Level::TRACE),
-            types::LogLevel::Debug => at!(Level::DEBUG),
-            types::LogLevel::Info => at!(Level::INFO),
-            types::LogLevel::Warn => at!(Level::WARN),
-            types::LogLevel::Error => at!(Level::ERROR),
+            Level::TRACE => at!(Level::TRACE),
+            Level::DEBUG => at!(Level::DEBUG),
+            Level::INFO => at!(Level::INFO),
+            Level::WARN => at!(Level::WARN),
+            _ => at!(Level::ERROR),
         }
     }
 
@@ -161,3 +167,199 @@ impl host::Host for PluginState {
         START.get_or_init(Instant::now).elapsed().as_nanos() as u64
     }
 }
+
+/// 0.3's host functions; 0.2's are the same but for the log level's type.
+impl v3::sluice::plugin::host::Host for PluginState {
+    fn log(
+        &mut self,
+        level: v3::sluice::plugin::types::LogLevel,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        use v3::sluice::plugin::types::LogLevel as L;
+        let level = match level {
+            L::Trace => Level::TRACE,
+            L::Debug => Level::DEBUG,
+            L::Info => Level::INFO,
+            L::Warn => Level::WARN,
+            L::Error => Level::ERROR,
+        };
+        PluginState::log(self, level, message, fields);
+        Ok(())
+    }
+
+    async fn count_tokens(&mut self, model: String, text: String) -> wasmtime::Result<u32> {
+        PluginState::count_tokens(self, model, text).await
+    }
+
+    fn now_unix_ms(&mut self) -> wasmtime::Result<u64> {
+        Ok(PluginState::now_unix_ms(self))
+    }
+
+    fn monotonic_ns(&mut self) -> wasmtime::Result<u64> {
+        Ok(PluginState::monotonic_ns(self))
+    }
+}
+
+impl v2::sluice::plugin::host::Host for PluginState {
+    fn log(&mut self, level: v2::sluice::plugin::types::LogLevel, message: String, fields: Vec<(String, String)>) {
+        use v2::sluice::plugin::types::LogLevel as L;
+        let level = match level {
+            L::Trace => Level::TRACE,
+            L::Debug => Level::DEBUG,
+            L::Info => Level::INFO,
+            L::Warn => Level::WARN,
+            L::Error => Level::ERROR,
+        };
+        PluginState::log(self, level, message, fields);
+    }
+
+    async fn count_tokens(&mut self, model: String, text: String) -> wasmtime::Result<u32> {
+        PluginState::count_tokens(self, model, text).await
+    }
+
+    fn now_unix_ms(&mut self) -> u64 {
+        PluginState::now_unix_ms(self)
+    }
+
+    fn monotonic_ns(&mut self) -> u64 {
+        PluginState::monotonic_ns(self)
+    }
+}
+
+// 0.3's request handle: calls on the `PluginRequest` in the store's table.
+
+fn message_from(message: sluice_chat::Message) -> Message {
+    Message { role: message.role, content: content_from(message.content), extra: message.extra }
+}
+
+fn content_from(content: sluice_chat::Content) -> Content {
+    match content {
+        sluice_chat::Content::None => Content::None,
+        sluice_chat::Content::Text(text) => Content::Text(text),
+        sluice_chat::Content::Parts(parts) => Content::Parts(
+            parts
+                .into_iter()
+                .map(|part| match part {
+                    sluice_chat::Part::Text(text) => ContentPart::Text(text),
+                    sluice_chat::Part::Other(json) => ContentPart::Other(json),
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn message_into(message: Message) -> sluice_chat::Message {
+    sluice_chat::Message { role: message.role, content: content_into(message.content), extra: message.extra }
+}
+
+fn content_into(content: Content) -> sluice_chat::Content {
+    match content {
+        Content::None => sluice_chat::Content::None,
+        Content::Text(text) => sluice_chat::Content::Text(text),
+        Content::Parts(parts) => sluice_chat::Content::Parts(
+            parts
+                .into_iter()
+                .map(|part| match part {
+                    ContentPart::Text(text) => sluice_chat::Part::Text(text),
+                    ContentPart::Other(json) => sluice_chat::Part::Other(json),
+                })
+                .collect(),
+        ),
+    }
+}
+
+type Handle = Resource<PluginRequest>;
+
+impl PluginState {
+    fn request(&mut self, handle: &Handle) -> wasmtime::Result<&mut PluginRequest> {
+        Ok(self.table.get_mut(handle)?)
+    }
+}
+
+impl wit::HostRequest for PluginState {
+    fn method(&mut self, this: Handle) -> wasmtime::Result<String> {
+        Ok(self.request(&this)?.method.clone())
+    }
+
+    fn path(&mut self, this: Handle) -> wasmtime::Result<String> {
+        Ok(self.request(&this)?.path.clone())
+    }
+
+    fn model(&mut self, this: Handle) -> wasmtime::Result<String> {
+        Ok(self.request(&this)?.model.clone())
+    }
+
+    fn route(&mut self, this: Handle) -> wasmtime::Result<String> {
+        Ok(self.request(&this)?.route.clone())
+    }
+
+    fn header(&mut self, this: Handle, name: String) -> wasmtime::Result<Option<String>> {
+        let headers = &self.request(&this)?.headers;
+        let value = HeaderName::from_bytes(name.as_bytes()).ok().and_then(|name| headers.get(name));
+        Ok(value.and_then(|value| value.to_str().ok()).map(String::from))
+    }
+
+    fn headers(&mut self, this: Handle) -> wasmtime::Result<Vec<(String, String)>> {
+        Ok(to_pairs(&self.request(&this)?.headers))
+    }
+
+    fn set_header(&mut self, this: Handle, name: String, value: String) -> wasmtime::Result<()> {
+        self.request(&this)?.edit_headers(&[(name, value)], &[]);
+        Ok(())
+    }
+
+    fn remove_header(&mut self, this: Handle, name: String) -> wasmtime::Result<()> {
+        self.request(&this)?.edit_headers(&[], &[name]);
+        Ok(())
+    }
+
+    fn set_response_header(&mut self, this: Handle, name: String, value: String) -> wasmtime::Result<()> {
+        self.request(&this)?.set_response_header(name, value);
+        Ok(())
+    }
+
+    fn body(&mut self, this: Handle) -> wasmtime::Result<Vec<u8>> {
+        Ok(self.request(&this)?.body.bytes().to_vec())
+    }
+
+    fn set_body(&mut self, this: Handle, body: Vec<u8>) -> wasmtime::Result<()> {
+        self.request(&this)?.set_body(body);
+        Ok(())
+    }
+
+    fn messages(&mut self, this: Handle) -> wasmtime::Result<Result<Vec<Message>, String>> {
+        Ok(self.request(&this)?.body.messages().map(|messages| messages.into_iter().map(message_from).collect()))
+    }
+
+    fn message_count(&mut self, this: Handle) -> wasmtime::Result<Result<u32, String>> {
+        Ok(self.request(&this)?.body.message_count())
+    }
+
+    fn splice_messages(&mut self, this: Handle, start: u32, delete: u32, insert: Vec<Message>) -> wasmtime::Result<()> {
+        let insert = insert.into_iter().map(message_into).collect();
+        self.request(&this)?.edit_body(|body| body.splice_messages(start, delete, insert));
+        Ok(())
+    }
+
+    fn set_content(&mut self, this: Handle, index: u32, content: Content) -> wasmtime::Result<()> {
+        self.request(&this)?.edit_body(|body| body.set_content(index, content_into(content)));
+        Ok(())
+    }
+
+    fn field(&mut self, this: Handle, name: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.request(&this)?.body.field(&name))
+    }
+
+    fn set_field(&mut self, this: Handle, name: String, value: Option<String>) -> wasmtime::Result<()> {
+        self.request(&this)?.edit_body(|body| body.set_field(&name, value));
+        Ok(())
+    }
+
+    /// The host owns every request; the guest only ever borrows one.
+    fn drop(&mut self, _this: Handle) -> wasmtime::Result<()> {
+        Ok(())
+    }
+}
+
+impl wit::Host for PluginState {}

@@ -18,19 +18,23 @@ mod bindings;
 mod deadline;
 mod epoch;
 mod guest_log;
+pub mod headers;
 mod host;
 mod memory;
 mod plugin;
+mod request;
 mod runtime;
 mod snapshot;
 pub mod tokens;
+mod versions;
 mod wasi;
 
-pub use bindings::sluice::plugin::types::{
-    ChunkAction, DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-    ResponseSummary, Usage,
+pub use bindings::{
+    ChunkAction, Content, ContentPart, DirectResponse, Hooks, Message, RequestAction, Response, ResponseAction,
+    ResponseEdits, ResponseSummary, Usage,
 };
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
+pub use request::PluginRequest;
 pub use runtime::{Runtime, RuntimeConfig, StartError};
 
 use std::time::Duration;
@@ -91,4 +95,23 @@ pub fn digest_of(bytes: &[u8]) -> String {
 fn built_plugin(name: &str) -> Vec<u8> {
     let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+}
+
+/// A chat request for `model`, as the gateway would hand it to plugins.
+#[cfg(test)]
+fn test_request(headers: &[(&str, &str)], body: String) -> PluginRequest {
+    let headers = headers
+        .iter()
+        .map(|(name, value)| (name.parse().unwrap(), value.parse().unwrap()))
+        .collect::<http::HeaderMap>();
+    let mut request = PluginRequest::new(
+        "POST".into(),
+        "/v1/chat/completions".into(),
+        "gpt-4o-mini".into(),
+        "default/chat".into(),
+        headers,
+        sluice_chat::ChatBody::new(body.into()),
+    );
+    request.max_body_bytes = 1 << 20;
+    request
 }

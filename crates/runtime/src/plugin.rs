@@ -8,10 +8,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::Linker;
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::bindings::sluice::plugin::types::{
-    ChunkAction, Hooks, Request, RequestAction, Response, ResponseAction, ResponseSummary,
-};
-use crate::bindings::{Plugin, PluginPre};
+use crate::bindings::{ChunkAction, Hooks, RequestAction, Response, ResponseAction, ResponseSummary};
 pub use crate::deadline::Limits;
 use crate::deadline::{arm, classify, within};
 use crate::epoch::EpochTicker;
@@ -19,7 +16,9 @@ use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
 use crate::memory::GuestMemory;
+use crate::request::PluginRequest;
 use crate::snapshot::{Budget, Snapshot, Source};
+use crate::versions::{Plugin, PluginPre};
 use crate::{LoadError, PluginError};
 
 /// What every plugin of a runtime shares.
@@ -39,7 +38,7 @@ pub(crate) struct Shared {
 /// A compiled component, ready to instantiate cheaply.
 pub struct PluginModule {
     digest: String,
-    pub(crate) pre: PluginPre<PluginState>,
+    pub(crate) pre: PluginPre,
     /// What `pre` was linked with; its snapshots are linked the same way.
     pub(crate) linker: Linker<PluginState>,
     /// The component itself: each snapshot is made from it.
@@ -56,7 +55,7 @@ type SnapshotKey = (Arc<str>, usize);
 impl PluginModule {
     pub(crate) fn new(
         digest: String,
-        pre: PluginPre<PluginState>,
+        pre: PluginPre,
         linker: Linker<PluginState>,
         bytes: Arc<[u8]>,
         shared: Arc<Shared>,
@@ -310,7 +309,7 @@ impl ConfiguredPlugin {
         let deadline = arm(&mut store, timeout);
         let start = async {
             let bindings = self.module.pre.instantiate_async(&mut store).await?;
-            let hooks = bindings.sluice_plugin_filter().call_configure(&mut store, &self.config).await?;
+            let hooks = bindings.configure(&mut store, &self.config).await?;
             Ok((bindings, hooks))
         };
         let (bindings, hooks) = within(deadline, start).await.map_err(|e| classify(&store, e, timeout))?;
@@ -339,24 +338,31 @@ pub struct PluginInstance {
 }
 
 impl PluginInstance {
-    pub async fn request_filter(&mut self, request: &Request) -> Result<RequestAction, PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_request_filter(store, request).await).await
+    /// Runs the request hook: the plugin's edits are made to `request` as
+    /// it goes. On an error they may have been made in part; a caller that
+    /// goes on without the plugin (`failurePolicy: Open`) keeps a copy.
+    pub async fn request_filter(&mut self, request: &mut PluginRequest) -> Result<RequestAction, PluginError> {
+        let action = self.call(async |plugin, store| plugin.request_filter(store, request).await).await?;
+        match request.take_invalid() {
+            Some(why) => Err(PluginError::InvalidEdit(why)),
+            None => Ok(action),
+        }
     }
 
     pub async fn response_filter(&mut self, response: &Response) -> Result<ResponseAction, PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_filter(store, response).await).await
+        self.call(async |plugin, store| plugin.response_filter(store, response).await).await
     }
 
     pub async fn response_chunk(&mut self, data: &str) -> Result<ChunkAction, PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_chunk(store, data).await).await
+        self.call(async |plugin, store| plugin.response_chunk(store, data).await).await
     }
 
     pub async fn response_body(&mut self, body: &[u8]) -> Result<Option<Vec<u8>>, PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_body(store, body).await).await
+        self.call(async |plugin, store| plugin.response_body(store, body).await).await
     }
 
     pub async fn response_end(&mut self, summary: &ResponseSummary) -> Result<(), PluginError> {
-        self.call(async |plugin, store| plugin.sluice_plugin_filter().call_response_end(store, *summary).await).await
+        self.call(async |plugin, store| plugin.response_end(store, *summary).await).await
     }
 
     async fn call<T>(
@@ -407,16 +413,7 @@ mod tests {
         module.configure(name, &config, limits(timeout_ms), Isolation::PerRequest).await.unwrap()
     }
 
-    fn request(headers: &[(&str, &str)], body: String) -> Request {
-        Request {
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            body: body.into_bytes(),
-            model: "gpt-4o-mini".into(),
-            route: "default/chat".into(),
-        }
-    }
+    use crate::test_request as request;
 
     /// Finding 2: a count that takes longer than the plugin's deadline
     /// ends the call at the deadline, as a timeout.
@@ -429,18 +426,16 @@ mod tests {
             (0..4_000_000u32).map(|i| char::from(b'a' + (i.wrapping_mul(2_654_435_761) >> 27) as u8 % 26)).collect();
         let mut instance = plugin.instance().await.unwrap();
         let started = Instant::now();
-        let result = instance.request_filter(&request(&[("x-hostile", "count")], letters)).await;
+        let result = instance.request_filter(&mut request(&[("x-hostile", "count")], letters)).await;
         let took = started.elapsed();
         assert!(matches!(result, Err(PluginError::Timeout(_))), "{result:?}");
         assert!(took < Duration::from_millis(400), "a 100 ms plugin counted tokens for {took:?}");
         // A short text is counted.
         let mut instance = plugin.instance().await.unwrap();
-        let RequestAction::Continue(edits) =
-            instance.request_filter(&request(&[("x-hostile", "count")], "hello world".into())).await.unwrap()
-        else {
-            panic!("the hostile plugin answered");
-        };
-        assert!(edits.set_headers.contains(&("x-hostile-tokens".into(), "2".into())), "{:?}", edits.set_headers);
+        let mut counted = request(&[("x-hostile", "count")], "hello world".into());
+        let action = instance.request_filter(&mut counted).await.unwrap();
+        assert!(matches!(action, RequestAction::Continue), "the hostile plugin answered");
+        assert_eq!(counted.headers.get("x-hostile-tokens").unwrap(), "2", "{:?}", counted.headers);
     }
 
     /// The epoch ticker parks while no guest runs; a guest called after
@@ -452,7 +447,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut instance = plugin.instance().await.unwrap();
         let started = Instant::now();
-        let result = instance.request_filter(&request(&[("x-chaos", "spin")], String::new())).await;
+        let result = instance.request_filter(&mut request(&[("x-chaos", "spin")], String::new())).await;
         assert!(matches!(result, Err(PluginError::Timeout(_))), "{result:?}");
         assert!(started.elapsed() < Duration::from_secs(2), "a 200 ms plugin spun for {:?}", started.elapsed());
     }
@@ -472,7 +467,7 @@ mod tests {
         let plugin = configured(&runtime, "hostile", json!({}), 5_000).await;
         let mut instance = plugin.instance().await.unwrap();
         let started = Instant::now();
-        let result = instance.request_filter(&request(&[("x-hostile", "sleep")], String::new())).await;
+        let result = instance.request_filter(&mut request(&[("x-hostile", "sleep")], String::new())).await;
         assert!(matches!(&result, Err(PluginError::Trap(why)) if why.contains("sleeping")), "{result:?}");
         assert!(started.elapsed() < Duration::from_secs(2), "the request slept for {:?}", started.elapsed());
     }
@@ -484,7 +479,7 @@ mod tests {
         let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
         let plugin = configured(&runtime, "hostile", json!({}), 5_000).await;
         let mut instance = plugin.instance().await.unwrap();
-        let result = instance.request_filter(&request(&[("x-hostile", "connect")], String::new())).await;
+        let result = instance.request_filter(&mut request(&[("x-hostile", "connect")], String::new())).await;
         let Err(PluginError::Trap(why)) = &result else {
             panic!("the plugin used a socket: {result:?}");
         };

@@ -3,14 +3,14 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::bindings::{Plugin, PluginPre};
 use crate::epoch::EpochTicker;
 use crate::host::{PluginState, TokenCounter};
 use crate::memory::GuestMemory;
 use crate::plugin::{PluginModule, Shared};
+use crate::versions::PluginPre;
 use crate::{LoadError, digest_of};
 
 #[derive(Clone, Debug)]
@@ -127,7 +127,7 @@ impl Runtime {
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
         let mut linker = crate::wasi::base_linker(&engine).map_err(StartError::wasmtime)?;
-        Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(StartError::wasmtime)?;
+        crate::versions::add_to_linker(&mut linker).map_err(StartError::wasmtime)?;
         let shared = Arc::new(Shared {
             memory: GuestMemory::new(config.max_guest_memory_bytes),
             tokens: TokenCounter::new(config.token_counting_threads),
@@ -209,7 +209,7 @@ impl Runtime {
             crate::tokens::warm_up();
         }
         let linker = crate::wasi::restrict(&self.inner.linker, &component).map_err(incompatible)?;
-        let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(incompatible)?).map_err(incompatible)?;
+        let pre = PluginPre::new(&linker, &component).map_err(incompatible)?;
         let module = Arc::new(PluginModule::new(digest.to_string(), pre, linker, bytes, self.inner.shared.clone()));
         let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
         modules.retain(|_, m| m.strong_count() > 0);

@@ -29,18 +29,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tokio::sync::watch;
-use wasmtime::component::{Component, Instance, Lift, Linker, WasmList};
+use wasmtime::component::{Component, Instance, Lift, Linker, ResourceType, WasmList};
 use wasmtime::{Store, format_err};
 use wasmtime_wasi::WasiView as _;
 use wasmtime_wasi::p2::bindings::random::insecure_seed;
 use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use crate::PluginError;
-use crate::bindings::sluice::plugin::types::Hooks;
-use crate::bindings::{Plugin, PluginPre};
+use crate::bindings::Hooks;
 use crate::deadline::{Limits, arm, arm_trusted, classify};
 use crate::guest_log::RateLimit;
 use crate::host::PluginState;
+use crate::request::PluginRequest;
+use crate::versions::{Plugin, PluginPre};
 
 /// What a snapshot is made from: a compiled plugin module.
 pub(crate) trait Source: Send + Sync + 'static {
@@ -65,7 +66,7 @@ enum State {
     Making,
     /// Holds its size in the budget until the last plugin using it is gone.
     Ready {
-        pre: PluginPre<PluginState>,
+        pre: PluginPre,
         _reserved: Reserved,
     },
     /// Instances are configured one by one.
@@ -74,7 +75,7 @@ enum State {
 
 impl Snapshot {
     /// What to instantiate, once the snapshot is made.
-    pub fn ready(&self) -> Option<PluginPre<PluginState>> {
+    pub fn ready(&self) -> Option<PluginPre> {
         match &*self.state.borrow() {
             State::Ready { pre, .. } => Some(pre.clone()),
             State::Making | State::Unavailable => None,
@@ -161,7 +162,7 @@ async fn make<M: Source>(
     hooks: Hooks,
     log_rate: Arc<RateLimit>,
     abandoned: impl Fn() -> bool,
-) -> Result<(PluginPre<PluginState>, Reserved), String> {
+) -> Result<(PluginPre, Reserved), String> {
     let unless_abandoned = || if abandoned() { Err("abandoned".to_string()) } else { Ok(()) };
     unless_abandoned()?;
     let engine = module.engine();
@@ -180,8 +181,8 @@ async fn make<M: Source>(
     arm(&mut store, timeout);
     let configured = async {
         let instance = linker.instantiate_async(&mut store, &component).await?;
-        let bindings = Plugin::new(&mut store, &instance)?;
-        let answer = bindings.sluice_plugin_filter().call_configure(&mut store, config).await?;
+        let bindings = Plugin::new(&mut store, &component, &instance)?;
+        let answer = bindings.configure(&mut store, config).await?;
         Ok((instance, answer))
     };
     let (instance, answer) = configured.await.map_err(|e| match classify(&store, e, timeout) {
@@ -231,7 +232,7 @@ async fn make<M: Source>(
             budget.max >> 10
         )
     })?;
-    let pre = module.linker().instantiate_pre(&component).and_then(PluginPre::new).map_err(|e| format!("{e:#}"))?;
+    let pre = PluginPre::new(module.linker(), &component).map_err(|e| format!("{e:#}"))?;
     // Check that it starts within the plugin's limits, once, rather than
     // fail requests.
     let mut store = module.store(name, limits, log_rate);
@@ -293,6 +294,12 @@ fn snapshot_linker(component: &Component) -> wasmtime::Result<Linker<PluginState
     linker.define_unknown_imports_as_traps(component)?;
     linker.allow_shadowing(true);
     for (name, _) in component.component_type().imports(component.engine()) {
+        // The request resource is a type, not a function: it must be the
+        // host's own for the exports that take it to type-check. Nothing
+        // can make one during `configure`.
+        if name.starts_with(REQUEST_TYPES) {
+            linker.instance(name)?.resource("request", ResourceType::host::<PluginRequest>(), |_, _| Ok(()))?;
+        }
         if name.starts_with(INSECURE_SEED) {
             linker.instance(name)?.func_wrap("insecure-seed", |mut store, (): ()| {
                 let state: &mut PluginState = store.data_mut();
@@ -304,6 +311,7 @@ fn snapshot_linker(component: &Component) -> wasmtime::Result<Linker<PluginState
 }
 
 const INSECURE_SEED: &str = "wasi:random/insecure-seed@";
+const REQUEST_TYPES: &str = "sluice:plugin/types@0.3";
 
 /// Reads an instrumented instance's state for Wizer, through the functions
 /// instrumenting exported. Wizer's interface cannot fail, so the first
@@ -380,7 +388,9 @@ mod tests {
     use serde_json::json;
     use sluice_core::Isolation;
 
-    use crate::{ConfiguredPlugin, Limits, PluginError, Request, RequestAction, Response, Runtime, RuntimeConfig};
+    use crate::{
+        ConfiguredPlugin, Limits, PluginError, PluginRequest, RequestAction, Response, Runtime, RuntimeConfig,
+    };
 
     fn runtime(snapshots: bool) -> Runtime {
         let defaults = RuntimeConfig::default();
@@ -410,16 +420,9 @@ mod tests {
         module.configure("test/plugin", config, limits, isolation).await
     }
 
-    fn chat(headers: &[(&str, &str)], content: &str) -> Request {
+    fn chat(headers: &[(&str, &str)], content: &str) -> PluginRequest {
         let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]});
-        Request {
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            body: body.to_string().into_bytes(),
-            model: "gpt-4o-mini".into(),
-            route: "default/chat".into(),
-        }
+        crate::test_request(headers, body.to_string())
     }
 
     fn response() -> Response {
@@ -428,9 +431,11 @@ mod tests {
 
     /// What a fresh instance answers to `request` (and to a response head,
     /// if the plugin asked for it), as text to compare.
-    async fn serve(plugin: &ConfiguredPlugin, request: &Request) -> String {
+    async fn serve(plugin: &ConfiguredPlugin, request: &PluginRequest) -> String {
         let mut instance = plugin.instance().await.unwrap();
-        let mut answer = format!("{:?}", instance.request_filter(request).await);
+        let mut request = request.clone();
+        let mut answer = format!("{:?}", instance.request_filter(&mut request).await);
+        answer += &format!(" {:?} {:?} {:?}", request.headers, request.body.bytes(), request.response_headers);
         if plugin.hooks().contains(crate::Hooks::RESPONSE_HEAD) {
             answer += &format!(" {:?}", instance.response_filter(&response()).await);
         }
@@ -439,7 +444,7 @@ mod tests {
 
     /// First-party plugins, each with a config whose `configure` does real
     /// work (serde maps, regexes, templates), and requests it acts on.
-    fn first_party() -> Vec<(&'static str, serde_json::Value, Vec<Request>)> {
+    fn first_party() -> Vec<(&'static str, serde_json::Value, Vec<PluginRequest>)> {
         let guard =
             json!({"deny": [{"name": "ignore", "pattern": r"(?i)\bignore\s+(all\s+)?previous\s+instructions"}]});
         vec![
@@ -513,7 +518,7 @@ mod tests {
         let hostile = configure(&runtime, wasm("hostile"), &json!({}), Isolation::PerRequest).await.unwrap();
         assert!(chaos.snapshotted().await && hostile.snapshotted().await);
         let call = async |plugin: &ConfiguredPlugin, header: &str, value: &str| {
-            plugin.instance().await.unwrap().request_filter(&chat(&[(header, value)], "hi")).await
+            plugin.instance().await.unwrap().request_filter(&mut chat(&[(header, value)], "hi")).await
         };
         let spin = call(&chaos, "x-chaos", "spin").await;
         assert!(matches!(spin, Err(PluginError::Timeout(_))), "{spin:?}");
@@ -524,7 +529,7 @@ mod tests {
         let connect = call(&hostile, "x-hostile", "connect").await;
         assert!(matches!(&connect, Err(PluginError::Trap(why)) if why.contains("not granted")), "{connect:?}");
         // And the plugins still serve.
-        assert!(matches!(call(&chaos, "x-other", "").await, Ok(RequestAction::Continue(_))));
+        assert!(matches!(call(&chaos, "x-other", "").await, Ok(RequestAction::Continue)));
     }
 
     /// A config `configure` rejects is reported as it was before snapshots,
@@ -582,7 +587,7 @@ mod tests {
         assert!(first.snapshotted().await);
         let second = configure(&runtime, wasm("add-header"), &config("2"), Isolation::PerRequest).await.unwrap();
         assert!(!second.snapshotted().await, "two snapshots fit in the budget of one");
-        assert!(serve(&second, &chat(&[], "hi")).await.contains(r#"("x-team", "2")"#));
+        assert!(serve(&second, &chat(&[], "hi")).await.contains(r#""x-team": "2""#));
         drop(first);
         let third = configure(&runtime, wasm("add-header"), &config("3"), Isolation::PerRequest).await.unwrap();
         assert!(third.snapshotted().await, "a dropped snapshot kept its part of the budget");
@@ -624,7 +629,7 @@ mod tests {
         );
         let mut module = wat::parse_str(wat).unwrap();
         let mut resolve = wit_parser::Resolve::default();
-        let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit")).unwrap();
+        let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/v0.2")).unwrap();
         let world = resolve.select_world(&[package], Some("plugin")).unwrap();
         wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8)
             .unwrap();
@@ -636,8 +641,8 @@ mod tests {
         assert_eq!(plugin.hooks(), crate::Hooks::REQUEST);
         assert!(!plugin.snapshotted().await, "snapshotted");
         for _ in 0..2 {
-            let answer = plugin.instance().await.unwrap().request_filter(&chat(&[], "hi")).await;
-            assert!(matches!(answer, Ok(RequestAction::Continue(_))), "{answer:?}");
+            let answer = plugin.instance().await.unwrap().request_filter(&mut chat(&[], "hi")).await;
+            assert!(matches!(answer, Ok(RequestAction::Continue)), "{answer:?}");
         }
     }
 

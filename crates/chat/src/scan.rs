@@ -1,7 +1,8 @@
-//! Replacing one member of a JSON object in place, every other byte left as
-//! the client wrote it: re-serializing a parsed value would change number
-//! text (an integer past u64 becomes a rounded float, some floats move by
-//! an ulp), which the upstream must not see (found by fuzzing).
+//! Finding where members and elements of JSON text begin and end, and
+//! replacing one member in place, every other byte left as the client wrote
+//! it: re-serializing a parsed value would change number text (an integer
+//! past u64 becomes a rounded float, some floats move by an ulp), which the
+//! upstream must not see (found by fuzzing).
 
 use std::ops::Range;
 
@@ -10,38 +11,11 @@ use std::ops::Range;
 /// `key: value` added first if there is none. `None` if `object` is not an
 /// object.
 pub fn set_member(object: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {
-    let mut scan = Scan { text: object, at: 0 };
-    scan.ws();
-    if scan.peek()? != b'{' {
-        return None;
-    }
-    let open = scan.at;
-    scan.at += 1;
-    let mut spans: Vec<Range<usize>> = Vec::new();
-    scan.ws();
-    if scan.peek()? != b'}' {
-        loop {
-            scan.ws();
-            let name = scan.string()?;
-            let decoded: String = serde_json::from_slice(&object[name]).ok()?;
-            scan.ws();
-            scan.expect(b':')?;
-            scan.ws();
-            let start = scan.at;
-            scan.value()?;
-            if decoded == key {
-                spans.push(start..scan.at);
-            }
-            scan.ws();
-            match scan.next()? {
-                b',' => continue,
-                b'}' => break,
-                _ => return None,
-            }
-        }
-    }
+    let spans: Vec<Range<usize>> =
+        members(object)?.into_iter().filter(|member| member.key == key).map(|member| member.value).collect();
     let mut out = Vec::with_capacity(object.len() + value.len());
     if spans.is_empty() {
+        let open = object.iter().position(|&b| b == b'{')?;
         let member = serde_json::to_string(key).ok()? + ":" + value;
         let empty = object[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
         out.extend_from_slice(&object[..=open]);
@@ -60,6 +34,67 @@ pub fn set_member(object: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {
     }
     out.extend_from_slice(&object[from..]);
     Some(out)
+}
+
+/// A member of an object: its name decoded, and where its name (quotes
+/// included) and its value are.
+pub(crate) struct Member {
+    pub key: String,
+    pub key_span: Range<usize>,
+    pub value: Range<usize>,
+}
+
+/// The members of `object` (valid JSON), in order; `None` if it is not an object.
+pub(crate) fn members(object: &[u8]) -> Option<Vec<Member>> {
+    let mut scan = Scan { text: object, at: 0 };
+    scan.ws();
+    scan.expect(b'{')?;
+    let mut members = Vec::new();
+    scan.ws();
+    if scan.peek()? == b'}' {
+        return Some(members);
+    }
+    loop {
+        scan.ws();
+        let key_span = scan.string()?;
+        let key = serde_json::from_slice(&object[key_span.clone()]).ok()?;
+        scan.ws();
+        scan.expect(b':')?;
+        scan.ws();
+        let start = scan.at;
+        scan.value()?;
+        members.push(Member { key, key_span, value: start..scan.at });
+        scan.ws();
+        match scan.next()? {
+            b',' => continue,
+            b'}' => return Some(members),
+            _ => return None,
+        }
+    }
+}
+
+/// Where each element of `array` (valid JSON) is; `None` if it is not an array.
+pub(crate) fn elements(array: &[u8]) -> Option<Vec<Range<usize>>> {
+    let mut scan = Scan { text: array, at: 0 };
+    scan.ws();
+    scan.expect(b'[')?;
+    let mut elements = Vec::new();
+    scan.ws();
+    if scan.peek()? == b']' {
+        return Some(elements);
+    }
+    loop {
+        scan.ws();
+        let start = scan.at;
+        scan.value()?;
+        elements.push(start..scan.at);
+        scan.ws();
+        match scan.next()? {
+            b',' => continue,
+            b']' => return Some(elements),
+            _ => return None,
+        }
+    }
 }
 
 /// A cursor over JSON text that serde_json has already accepted, so it

@@ -1,0 +1,248 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+fn body(text: &str) -> ChatBody {
+    ChatBody::new(Bytes::from(text.to_string()))
+}
+
+fn text(body: &mut ChatBody) -> String {
+    String::from_utf8(body.bytes().to_vec()).unwrap()
+}
+
+fn value(body: &mut ChatBody) -> Value {
+    serde_json::from_slice(&body.bytes()).unwrap()
+}
+
+/// Numbers past f64, odd whitespace and escapes: what a re-serialization
+/// would change.
+const ODD: &str = r#"{ "model" : "m", "n": 123456789012345678901234567890, "f": 7.509632777023061e-308,
+  "messages": [ {"content": "be terse", "role": "system"} , {"role":"user","content":"hi \u00e9 \"x\" ]}", "name": "ann"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "n": 1.0e5}]} ], "stream" : true }"#;
+
+#[test]
+fn a_body_nobody_edits_is_returned_byte_for_byte() {
+    let mut chat = body(ODD);
+    assert_eq!(chat.message_count().unwrap(), 3);
+    assert_eq!(chat.messages().unwrap().len(), 3);
+    assert_eq!(chat.field("stream").as_deref(), Some("true"));
+    assert!(!chat.is_edited());
+    assert_eq!(text(&mut chat), ODD);
+}
+
+#[test]
+fn messages_are_read_with_their_content_and_other_members() {
+    let mut chat = body(ODD);
+    let messages = chat.messages().unwrap();
+    assert_eq!(messages[0], Message::text("system", "be terse"));
+    assert_eq!(messages[1].content, Content::Text("hi é \"x\" ]}".into()));
+    assert_eq!(messages[1].extra, r#"{"name": "ann"}"#);
+    assert_eq!(messages[2].content, Content::None);
+    assert_eq!(messages[2].extra, r#"{"tool_calls": [{"id": "c1", "n": 1.0e5}]}"#);
+
+    let mut parts = body(
+        r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:x"}}, {"type": "text", "text": "t", "cache": 1}]}]}"#,
+    );
+    let Content::Parts(parts) = &parts.messages().unwrap()[0].content else { panic!("parts") };
+    assert_eq!(parts[0], Part::Text("look".into()));
+    assert_eq!(parts[1], Part::Other(r#"{"type": "image_url", "image_url": {"url": "data:x"}}"#.into()));
+    assert!(
+        matches!(&parts[2], Part::Other(json) if json.contains("cache")),
+        "a text part with more members is kept whole"
+    );
+}
+
+#[test]
+fn what_is_not_a_chat_request_is_named() {
+    let cases = [
+        ("not json", "the body is not JSON"),
+        ("[1]", "the body is not a JSON object"),
+        (r#"{"model": "m"}"#, "the request has no `messages`"),
+        (r#"{"messages": {}}"#, "`messages` must be an array"),
+        (r#"{"messages": [1]}"#, "messages[0]: not an object"),
+        (r#"{"messages": [{"content": "x"}]}"#, "messages[0]: no `role`"),
+        (r#"{"messages": [{"role": "user"}, {"role": 7}]}"#, "messages[1]: `role` must be a string"),
+        (
+            r#"{"messages": [{"role": "user", "content": 7}]}"#,
+            "messages[0]: `content` must be a string, an array or null",
+        ),
+        (r#"{"messages": [], "messages": []}"#, "the request has more than one `messages`"),
+    ];
+    for (text, error) in cases {
+        let mut chat = body(text);
+        assert!(chat.message_count().unwrap_err().starts_with(error), "{text}: {error}");
+        assert!(chat.messages().unwrap_err().starts_with(error), "{text}: {error}");
+        assert_eq!(chat.bytes(), text, "a body that cannot be read is left alone");
+    }
+    assert_eq!(body(r#"{"messages": [{"role": "user"}]}"#).messages().unwrap()[0].content, Content::None);
+}
+
+#[test]
+fn a_splice_rewrites_only_the_messages_it_touches() {
+    let mut chat = body(ODD);
+    chat.splice_messages(0, 0, vec![Message::text("system", "Answer in English.")]).unwrap();
+    chat.splice_messages(3, 1, vec![]).unwrap();
+    let len = chat.len();
+    let out = text(&mut chat);
+    assert_eq!(len, out.len(), "len() is the written length");
+    // Untouched members and messages keep their bytes.
+    for kept in [
+        r#""n": 123456789012345678901234567890"#,
+        r#""f": 7.509632777023061e-308"#,
+        r#"{"content": "be terse", "role": "system"}"#,
+        r#"{"role":"user","content":"hi \u00e9 \"x\" ]}", "name": "ann"}"#,
+        r#""stream" : true"#,
+    ] {
+        assert!(out.contains(kept), "{kept} in {out}");
+    }
+    assert!(!out.contains("tool_calls"), "{out}");
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["messages"][0], json!({"role": "system", "content": "Answer in English."}));
+    assert_eq!(out["messages"].as_array().unwrap().len(), 3);
+    // Read again after writing: the edit is there.
+    assert_eq!(chat.messages().unwrap()[0], Message::text("system", "Answer in English."));
+}
+
+#[test]
+fn a_spliced_message_keeps_its_extra_members_and_parts() {
+    let mut chat = body(r#"{"messages": []}"#);
+    let message = Message {
+        role: "user".into(),
+        content: Content::Parts(vec![
+            Part::Text("a".into()),
+            Part::Other(r#"{"type":"image_url","image_url":{"url":"u"}}"#.into()),
+        ]),
+        extra: r#"{"name": "bo", "n": 1e400}"#.into(),
+    };
+    chat.splice_messages(0, 0, vec![message.clone()]).unwrap();
+    let read = chat.messages().unwrap().remove(0);
+    assert_eq!((&read.role, &read.content), (&message.role, &message.content));
+    assert_eq!(read.extra, r#"{"name": "bo","n": 1e400}"#, "extra members keep their text");
+    let bare = Message { extra: String::new(), ..Message::text("user", "x") };
+    chat.splice_messages(0, 0, vec![bare]).unwrap();
+    assert_eq!(chat.messages().unwrap()[0], Message::text("user", "x"), "an empty extra is {{}}");
+}
+
+#[test]
+fn bad_edits_are_refused_and_change_nothing() {
+    let mut chat = body(ODD);
+    assert_eq!(chat.splice_messages(2, 2, vec![]).unwrap_err(), "messages 2..4 are past the end: there are 3");
+    assert!(chat.splice_messages(u32::MAX, u32::MAX, vec![]).is_err());
+    assert!(chat.set_content(3, Content::None).is_err());
+    let bad = [
+        Message { extra: "[]".into(), ..Message::text("user", "x") },
+        Message { extra: "{".into(), ..Message::text("user", "x") },
+        Message { extra: r#"{"role": "system"}"#.into(), ..Message::text("user", "x") },
+        Message { content: Content::Parts(vec![Part::Other("nope".into())]), ..Message::text("user", "x") },
+    ];
+    for message in bad {
+        assert!(chat.splice_messages(0, 0, vec![message.clone()]).is_err(), "{message:?}");
+    }
+    assert!(chat.set_field("model", Some(r#""x""#.into())).is_err());
+    assert!(chat.set_field("t", Some("{".into())).is_err());
+    assert!(!chat.is_edited());
+    assert_eq!(text(&mut chat), ODD);
+}
+
+#[test]
+fn content_is_replaced_in_place() {
+    let mut chat = body(ODD);
+    chat.set_content(1, Content::Text("[redacted]".into())).unwrap();
+    let out = text(&mut chat);
+    assert!(out.contains(r#"{"role":"user","content":"[redacted]", "name": "ann"}"#), "{out}");
+}
+
+#[test]
+fn fields_are_read_set_added_and_removed() {
+    let mut chat = body(r#"{"model": "m", "t": 0.7, "messages": [], "t": 0.1}"#);
+    assert_eq!(chat.field("t").as_deref(), Some("0.1"), "the last one, as parsers read it");
+    assert_eq!(chat.field("absent"), None);
+    chat.set_field("t", Some("1".into())).unwrap();
+    chat.set_field("max_tokens", Some("50".into())).unwrap();
+    assert_eq!(chat.field("max_tokens").as_deref(), Some("50"));
+    assert_eq!(text(&mut chat), r#"{"model": "m","t": 1,"messages": [],"t": 1,"max_tokens":50}"#);
+    chat.set_field("t", None).unwrap();
+    assert_eq!(value(&mut chat), json!({"model": "m", "messages": [], "max_tokens": 50}));
+}
+
+#[test]
+fn messages_can_be_set_whole_or_created() {
+    let mut chat = body(r#"{"model": "m", "messages": "a template reference", "t": 1}"#);
+    assert!(chat.messages().is_err());
+    chat.set_field("messages", Some(r#"[{"role": "user", "content": "rendered"}]"#.into())).unwrap();
+    assert_eq!(chat.messages().unwrap(), vec![Message::text("user", "rendered")]);
+    chat.splice_messages(0, 0, vec![Message::text("system", "s")]).unwrap();
+    assert_eq!(
+        text(&mut chat),
+        r#"{"model": "m","messages": [{"role":"system","content":"s"},{"role": "user", "content": "rendered"}],"t": 1}"#
+    );
+    let mut none = body(r#"{"model": "m"}"#);
+    none.set_field("messages", Some("[]".into())).unwrap();
+    assert_eq!(none.message_count().unwrap(), 0);
+}
+
+#[test]
+fn a_replaced_body_is_read_afresh() {
+    let mut chat = body(ODD);
+    chat.splice_messages(0, 3, vec![]).unwrap();
+    chat.set_bytes(Bytes::from_static(br#"{"messages": [{"role": "user", "content": "new"}]}"#));
+    assert!(!chat.is_edited());
+    assert_eq!(chat.messages().unwrap(), vec![Message::text("user", "new")]);
+    chat.set_bytes(Bytes::from_static(b"{"));
+    assert!(chat.messages().unwrap_err().starts_with("the body is not JSON"));
+}
+
+/// Random edit sequences: the written body is always the JSON a parse,
+/// edit and re-serialization would give, and `len` its length.
+#[test]
+fn random_edits_match_editing_the_parsed_value() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..300 {
+        let original = json!({"model": "m", "x": [1, {"y": "z"}], "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": "n"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]});
+        let mut expected = original.clone();
+        let mut chat = ChatBody::validated(Bytes::from(serde_json::to_vec_pretty(&original).unwrap()));
+        for step in 0..next(6) {
+            let messages = expected["messages"].as_array_mut().unwrap();
+            let count = messages.len() as u64;
+            match next(4) {
+                0 => {
+                    let start = next(count + 1);
+                    let delete = next(count - start + 1);
+                    let text = format!("m{step}");
+                    chat.splice_messages(start as u32, delete as u32, vec![Message::text("user", &text)]).unwrap();
+                    let range = start as usize..(start + delete) as usize;
+                    messages.splice(range, [json!({"role": "user", "content": text})]);
+                }
+                1 if count > 0 => {
+                    let index = next(count);
+                    chat.set_content(index as u32, Content::Text(format!("c{step}"))).unwrap();
+                    messages[index as usize]["content"] = json!(format!("c{step}"));
+                }
+                2 => {
+                    chat.set_field("x", Some(format!("{step}"))).unwrap();
+                    expected["x"] = json!(step);
+                }
+                _ => {
+                    chat.set_field("x", None).unwrap();
+                    expected.as_object_mut().unwrap().remove("x");
+                }
+            }
+            if next(3) == 0 {
+                chat.bytes();
+            }
+        }
+        let len = chat.len();
+        let bytes = chat.bytes();
+        assert_eq!(len, bytes.len());
+        assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), expected);
+    }
+}
