@@ -102,7 +102,7 @@ fn type_name(name: &str) -> Result<String> {
 
 /// Type names the template's lib.rs uses, which the plugin's own must not
 /// shadow; `Self` is a keyword.
-const TEMPLATE_NAMES: &[&str] = &["Action", "ApiError", "Config", "Deserialize", "Edits", "Plugin", "Request", "Self"];
+const TEMPLATE_NAMES: &[&str] = &["Action", "ApiError", "Config", "Deserialize", "Plugin", "Request", "Self"];
 
 /// Writes the template into `plugins_dir/name`, which must not exist yet.
 fn create(plugins_dir: &Path, name: &str, type_name: &str) -> Result<()> {
@@ -179,7 +179,7 @@ Test, build and try it: see "Starting a new plugin" in
 const LIB_RS: &str = r##"//! Sets the request header `x-{name}` to the configured value.
 
 use serde::Deserialize;
-use sluice_plugin_sdk::prelude::{Action, ApiError, Edits, Plugin, Request, export_plugin};
+use sluice_plugin_sdk::prelude::{Action, ApiError, Plugin, Request, export_plugin};
 
 const HEADER: &str = "x-{name}";
 
@@ -214,8 +214,10 @@ impl Plugin for {Type} {
     // implement it (`on_response`, `on_chunk`, `on_body`, `on_end`) and
     // return it from `hooks` too.
 
-    fn on_request(&self, _req: &Request, _: &mut ()) -> Result<Action, ApiError> {
-        Ok(Edits::new().set_header(HEADER, &self.0.value).into())
+    /// Reads and edits the request in place, through `req`.
+    fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        req.set_header(HEADER, &self.0.value);
+        Ok(Action::Continue)
     }
 }
 
@@ -230,8 +232,9 @@ mod tests {
     #[test]
     fn sets_the_configured_header_and_refuses_an_empty_value() {
         let plugin = sluice_plugin_sdk::configure::<{Type}>(r#"{"value": "hello"}"#).unwrap();
-        let action = plugin.on_request(&request_with_headers("gpt-4o-mini", &[]), &mut ()).unwrap();
-        assert_eq!(action.edits().expect("the request goes on").header(HEADER), Some("hello"));
+        let req = request_with_headers("gpt-4o-mini", &[]);
+        assert_eq!(plugin.on_request(&req, &mut ()), Ok(Action::Continue));
+        assert_eq!(req.header(HEADER).as_deref(), Some("hello"));
 
         let error = sluice_plugin_sdk::configure::<{Type}>(r#"{"value": ""}"#).unwrap_err();
         assert_eq!(error, "{name}: `value` must not be empty");

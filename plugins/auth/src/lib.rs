@@ -147,19 +147,18 @@ impl Plugin for Auth {
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
         let identity = self.authenticate(req)?;
-        self.authorize(&identity, &req.model)?;
-        let mut edits = Edits::new();
+        self.authorize(&identity, &req.model())?;
         // Whatever the credential, none of the client's own values of these
         // headers pass: a client cannot pose as someone else, or claim a
-        // tenant, by sending them itself. The host removes before it sets.
+        // tenant, by sending them itself.
         for header in CREDENTIAL_HEADERS.iter().copied().chain(self.owned_headers.iter().map(String::as_str)) {
-            edits = edits.remove_header(header);
+            req.remove_header(header);
         }
-        edits = edits.set_header(&self.consumer_header, &identity.consumer);
+        req.set_header(&self.consumer_header, &identity.consumer);
         for (name, value) in &identity.headers {
-            edits = edits.set_header(name, value);
+            req.set_header(name, value);
         }
-        Ok(edits.into())
+        Ok(Action::Continue)
     }
 }
 

@@ -10,8 +10,9 @@
 //! counted.
 
 use serde::Deserialize;
+use serde_json::Value;
 use sluice_plugin_sdk::ModelPattern;
-use sluice_plugin_sdk::chat::Message;
+use sluice_plugin_sdk::chat::MessageExtra;
 use sluice_plugin_sdk::prelude::*;
 
 /// Tokens that prime the assistant's reply, counted once per request.
@@ -79,11 +80,36 @@ struct Trimmed {
     messages: u32,
 }
 
+/// A message, with the members besides its content that count.
+struct Msg {
+    message: Message,
+    extra: MessageExtra,
+}
+
+impl Msg {
+    fn is_system(&self) -> bool {
+        self.message.is_system()
+    }
+
+    fn is_user(&self) -> bool {
+        self.message.is_user()
+    }
+}
+
+/// What the request hook changes in the request's messages.
+#[derive(Debug, PartialEq)]
+enum Edit {
+    None,
+    /// Remove these messages.
+    Drop(Vec<bool>),
+    /// Give these messages this content.
+    Cut(Vec<(usize, Content)>),
+}
+
 impl Plugin for ContextTrim {
     const NAME: &'static str = "context-trim";
     type Config = Config;
-    /// `None` when no budget applied to the request.
-    type State = Option<Trimmed>;
+    type State = ();
 
     fn new(config: Config) -> Result<Self, String> {
         if config.models.is_empty() {
@@ -105,42 +131,71 @@ impl Plugin for ContextTrim {
         Ok(ContextTrim { config })
     }
 
+    /// The response headers are set from the request hook: no instance is
+    /// held across the upstream call.
     fn hooks(&self) -> Hooks {
-        Hooks::REQUEST | Hooks::RESPONSE_HEAD
+        Hooks::REQUEST
     }
 
-    fn on_request(&self, req: &Request, trimmed: &mut Option<Trimmed>) -> Result<Action, ApiError> {
+    fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
         if !req.is_chat_completion() {
-            return Ok(Action::continue_());
+            return Ok(Action::Continue);
         }
-        let mut chat = req.chat()?;
         // Budgets are for the model the client asked for, before any
-        // backend rewrite.
-        let Some(budget) = self.budget(&req.model, &chat)? else {
-            return Ok(Action::continue_());
+        // backend rewrite. A model without one costs no further call.
+        let model = req.model();
+        let Some(budget) = self.budget(&model, req)? else {
+            return Ok(Action::Continue);
         };
-        let result = Counter::new(&req.model, &self.config).trim(&mut chat, budget, &self.config)?;
-        let changed = result.messages > 0;
-        *trimmed = Some(result);
-        if !changed {
-            return Ok(Action::continue_());
+        let messages = read_messages(req)?;
+        let tools = req.field::<Value>("tools")?.map(|tools| tools.to_string());
+        let (trimmed, edit) =
+            Counter::new(&model, &self.config).trim(&messages, tools.as_deref(), budget, &self.config)?;
+        match edit {
+            Edit::None => {}
+            Edit::Drop(dropped) => {
+                // From the end, so earlier indices stay valid.
+                let mut end = dropped.len();
+                while let Some(last) = dropped[..end].iter().rposition(|d| *d) {
+                    let first = dropped[..last].iter().rposition(|d| !*d).map_or(0, |i| i + 1);
+                    req.splice_messages(first as u32, (last + 1 - first) as u32, &[]);
+                    end = first;
+                }
+            }
+            Edit::Cut(contents) => {
+                for (index, content) in &contents {
+                    req.set_content(*index as u32, content);
+                }
+            }
         }
-        Ok(Edits::new().body(chat.to_body()?).into())
+        req.set_response_header("x-sluice-trimmed-tokens", &trimmed.tokens.to_string());
+        req.set_response_header("x-sluice-trimmed-messages", &trimmed.messages.to_string());
+        Ok(Action::Continue)
     }
+}
 
-    fn on_response(&self, _resp: &Response, trimmed: &mut Option<Trimmed>) -> HeaderEdits {
-        match trimmed {
-            Some(trimmed) => HeaderEdits::new()
-                .set_header("x-sluice-trimmed-tokens", &trimmed.tokens.to_string())
-                .set_header("x-sluice-trimmed-messages", &trimmed.messages.to_string()),
-            None => HeaderEdits::new(),
-        }
-    }
+/// The request's messages with their `name` and tool calls; a 400 if a
+/// member that counts has the wrong type.
+fn read_messages(req: &Request) -> Result<Vec<Msg>, ApiError> {
+    req.messages()?
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| {
+            let extra = if message.extra == "{}" {
+                MessageExtra::default()
+            } else {
+                message
+                    .extra_as()
+                    .map_err(|e| ApiError::bad_request("invalid_chat_request", format!("messages[{i}]: {e}")))?
+            };
+            Ok(Msg { message, extra })
+        })
+        .collect()
 }
 
 impl ContextTrim {
     /// The input budget for `model`, or `None` when no entry matches.
-    fn budget(&self, model: &str, chat: &ChatRequest) -> Result<Option<u32>, ApiError> {
+    fn budget(&self, model: &str, req: &Request) -> Result<Option<u32>, ApiError> {
         let entries = self.config.models.iter().map(|b| (&b.model, b));
         let Some(budget) = ModelPattern::best_match(entries, model) else {
             return Ok(None);
@@ -149,7 +204,7 @@ impl ContextTrim {
             return Ok(Some(max));
         }
         let window = budget.context_window.unwrap_or_default();
-        let output = chat.max_output_tokens().unwrap_or(budget.default_max_tokens.into());
+        let output = max_output_tokens(req)?.unwrap_or(budget.default_max_tokens.into());
         if output >= u64::from(window) {
             return Err(too_long(format!(
                 "max_tokens {output} leaves no room for input in the {window}-token context window of {model}"
@@ -157,6 +212,17 @@ impl ContextTrim {
         }
         Ok(Some(window - output as u32))
     }
+}
+
+/// The output budget the client asked for: `max_completion_tokens`, or the
+/// older `max_tokens`.
+fn max_output_tokens(req: &Request) -> Result<Option<u64>, ApiError> {
+    for key in ["max_completion_tokens", "max_tokens"] {
+        if let Some(tokens) = req.field::<Value>(key)?.as_ref().and_then(Value::as_u64) {
+            return Ok(Some(tokens));
+        }
+    }
+    Ok(None)
 }
 
 fn too_long(message: String) -> ApiError {
@@ -179,9 +245,10 @@ impl<'a> Counter<'a> {
     }
 
     /// Everything in a message except its content's text.
-    fn message_frame(&self, message: &Message) -> u32 {
-        let name = message.name.as_deref().map_or(0, |name| self.text(name));
+    fn message_frame(&self, message: &Msg) -> u32 {
+        let name = message.extra.name.as_deref().map_or(0, |name| self.text(name));
         let calls: u32 = message
+            .extra
             .tool_calls
             .iter()
             .flatten()
@@ -192,82 +259,86 @@ impl<'a> Counter<'a> {
     }
 
     /// One message: its frame, and each text piece of its content.
-    fn message(&self, message: &Message) -> MessageTokens {
+    fn message(&self, message: &Msg) -> MessageTokens {
         MessageTokens {
             frame: self.message_frame(message),
-            pieces: message.content.texts().iter().map(|t| self.text(t)).collect(),
+            pieces: message.message.content.texts().iter().map(|t| self.text(t)).collect(),
         }
     }
 
-    /// What the request costs besides its messages.
-    fn fixed(&self, chat: &ChatRequest) -> u32 {
-        let tools = chat.extra.get("tools").map_or(0, |tools| self.text(&tools.to_string()));
-        REPLY_PRIMING_TOKENS + tools
+    /// What the request costs besides its messages: `tools` is their JSON.
+    fn fixed(&self, tools: Option<&str>) -> u32 {
+        REPLY_PRIMING_TOKENS + tools.map_or(0, |tools| self.text(tools))
     }
 
     #[cfg(test)]
-    fn total(&self, chat: &ChatRequest) -> u32 {
-        self.fixed(chat) + chat.messages.iter().map(|m| self.message(m).total()).sum::<u32>()
+    fn total(&self, messages: &[Msg], tools: Option<&str>) -> u32 {
+        self.fixed(tools) + messages.iter().map(|m| self.message(m).total()).sum::<u32>()
     }
 
     /// Never fewer than the tokens the request counts as: the gateway's
     /// BPE tokenizers never produce more tokens than the text has bytes.
-    fn upper_bound(&self, chat: &ChatRequest) -> u64 {
+    fn upper_bound(&self, messages: &[Msg], tools: Option<&str>) -> u64 {
         let len = |text: Option<&str>| text.map_or(0, str::len) as u64;
-        let tools = chat.extra.get("tools").map_or(0, |tools| tools.to_string().len() as u64);
-        let messages: u64 = chat
-            .messages
+        let messages: u64 = messages
             .iter()
             .map(|message| {
                 let calls: u64 = message
+                    .extra
                     .tool_calls
                     .iter()
                     .flatten()
                     .filter_map(|call| call.function.as_ref())
                     .map(|f| len(f.name.as_deref()) + len(f.arguments.as_deref()))
                     .sum();
-                let texts: u64 = message.content.texts().iter().map(|t| t.len() as u64).sum();
-                u64::from(self.overhead) + len(message.name.as_deref()) + calls + texts
+                let texts: u64 = message.message.content.texts().iter().map(|t| t.len() as u64).sum();
+                u64::from(self.overhead) + len(message.extra.name.as_deref()) + calls + texts
             })
             .sum();
-        u64::from(REPLY_PRIMING_TOKENS) + tools + messages
+        u64::from(REPLY_PRIMING_TOKENS) + len(tools) + messages
     }
 
     /// Each text is counted once (a host call per piece); the strategies
-    /// then work from these counts.
-    fn trim(&self, chat: &mut ChatRequest, budget: u32, config: &Config) -> Result<Trimmed, ApiError> {
+    /// then work from these counts. Returns what was trimmed and how.
+    fn trim(
+        &self,
+        messages: &[Msg],
+        tools: Option<&str>,
+        budget: u32,
+        config: &Config,
+    ) -> Result<(Trimmed, Edit), ApiError> {
         // Counting is most of this plugin's cost, and most requests are far
         // inside their budget: skip it when even one token per byte fits.
-        if self.upper_bound(chat) <= u64::from(budget) {
-            return Ok(Trimmed::default());
+        if self.upper_bound(messages, tools) <= u64::from(budget) {
+            return Ok((Trimmed::default(), Edit::None));
         }
-        let fixed = self.fixed(chat);
-        let counts: Vec<MessageTokens> = chat.messages.iter().map(|m| self.message(m)).collect();
+        let fixed = self.fixed(tools);
+        let counts: Vec<MessageTokens> = messages.iter().map(|m| self.message(m)).collect();
         let before = fixed + counts.iter().map(MessageTokens::total).sum::<u32>();
         if before <= budget {
-            return Ok(Trimmed::default());
+            return Ok((Trimmed::default(), Edit::None));
         }
-        let (messages, after) = match config.strategy {
-            Strategy::DropOldest => self.drop_oldest(chat, budget, fixed, &counts)?,
-            Strategy::TruncateMiddle => self.truncate_middle(chat, budget, before, counts, config)?,
+        let (trimmed, after, edit) = match config.strategy {
+            Strategy::DropOldest => self.drop_oldest(messages, budget, fixed, &counts)?,
+            Strategy::TruncateMiddle => self.truncate_middle(messages, budget, before, counts, config)?,
         };
-        Ok(Trimmed { tokens: before - after, messages })
+        Ok((Trimmed { tokens: before - after, messages: trimmed }, edit))
     }
 
     /// Drops whole turns, oldest first. A turn runs from a user message to
     /// the next one, so an assistant's tool calls and their results go
     /// together. System messages and the newest user turn always stay.
-    /// Returns how many messages were dropped, and the tokens left.
+    /// Returns how many messages were dropped, the tokens left, and which.
     fn drop_oldest(
         &self,
-        chat: &mut ChatRequest,
+        messages: &[Msg],
         budget: u32,
         fixed: u32,
         counts: &[MessageTokens],
-    ) -> Result<(u32, u32), ApiError> {
-        let newest_turn = newest_turn_start(&chat.messages);
+    ) -> Result<(u32, u32, Edit), ApiError> {
+        let newest_turn = newest_turn_start(messages);
         let mut turns: Vec<Vec<usize>> = Vec::new();
-        for (i, message) in chat.messages[..newest_turn].iter().enumerate() {
+        for (i, message) in messages[..newest_turn].iter().enumerate() {
             if message.is_system() {
                 continue;
             }
@@ -277,7 +348,7 @@ impl<'a> Counter<'a> {
             }
         }
         let mut total = fixed + counts.iter().map(MessageTokens::total).sum::<u32>();
-        let mut dropped = vec![false; chat.messages.len()];
+        let mut dropped = vec![false; messages.len()];
         for turn in &turns {
             if total <= budget {
                 break;
@@ -294,36 +365,32 @@ impl<'a> Counter<'a> {
                 self.model
             )));
         }
-        let mut index = 0;
-        chat.messages.retain(|_| {
-            index += 1;
-            !dropped[index - 1]
-        });
-        Ok((dropped.iter().filter(|d| **d).count() as u32, total))
+        let count = dropped.iter().filter(|d| **d).count() as u32;
+        Ok((count, total, Edit::Drop(dropped)))
     }
 
     /// Cuts text out of the middle of the longest trimmable message until
     /// the request fits, then the next longest. System messages, and unless
     /// configured otherwise the newest user message, are never cut. Returns
-    /// how many messages were cut, and the tokens left.
+    /// how many messages were cut, the tokens left, and their new content.
     fn truncate_middle(
         &self,
-        chat: &mut ChatRequest,
+        messages: &[Msg],
         budget: u32,
         mut total: u32,
         counts: Vec<MessageTokens>,
         config: &Config,
-    ) -> Result<(u32, u32), ApiError> {
-        let newest_user = chat.messages.iter().rposition(Message::is_user);
-        let protected = |i: usize, m: &Message| m.is_system() || (config.protect_latest_user && Some(i) == newest_user);
+    ) -> Result<(u32, u32, Edit), ApiError> {
+        let newest_user = messages.iter().rposition(Msg::is_user);
+        let protected = |i: usize, m: &Msg| m.is_system() || (config.protect_latest_user && Some(i) == newest_user);
 
         // Every text piece that may be cut, with its original text.
         let mut pieces: Vec<Piece> = Vec::new();
-        for (i, (message, count)) in chat.messages.iter().zip(counts).enumerate() {
+        for (i, (message, count)) in messages.iter().zip(counts).enumerate() {
             if protected(i, message) {
                 continue;
             }
-            for (p, (text, tokens)) in message.content.texts().into_iter().zip(count.pieces).enumerate() {
+            for (p, (text, tokens)) in message.message.content.texts().into_iter().zip(count.pieces).enumerate() {
                 pieces.push(Piece {
                     message: i,
                     piece: p,
@@ -334,7 +401,8 @@ impl<'a> Counter<'a> {
             }
         }
         let marker_tokens = self.text(&config.marker);
-        let mut cut_messages: Vec<usize> = Vec::new();
+        // The new content of each message cut, in the order first cut.
+        let mut cut: Vec<(usize, Content)> = Vec::new();
         // Each round shrinks one piece; the cap only guards against a
         // tokenizer that never converges.
         let mut rounds = 0;
@@ -354,12 +422,14 @@ impl<'a> Counter<'a> {
             total = total - longest.tokens + tokens;
             longest.tokens = tokens;
             longest.kept = kept;
-            if let Some(slot) = chat.messages[longest.message].content.texts_mut().into_iter().nth(longest.piece) {
-                *slot = text;
-            }
-            if !cut_messages.contains(&longest.message) {
-                cut_messages.push(longest.message);
-            }
+            let at = match cut.iter().position(|(i, _)| *i == longest.message) {
+                Some(at) => at,
+                None => {
+                    cut.push((longest.message, messages[longest.message].message.content.clone()));
+                    cut.len() - 1
+                }
+            };
+            cut[at].1.set_text(longest.piece, text);
         }
         if total > budget {
             return Err(too_long(format!(
@@ -368,7 +438,7 @@ impl<'a> Counter<'a> {
                 self.model
             )));
         }
-        Ok((cut_messages.len() as u32, total))
+        Ok((cut.len() as u32, total, Edit::Cut(cut)))
     }
 }
 
@@ -397,10 +467,10 @@ struct Piece {
 
 /// Where the newest user turn starts: the last user message, or failing
 /// that the last message that is not a system message.
-fn newest_turn_start(messages: &[Message]) -> usize {
+fn newest_turn_start(messages: &[Msg]) -> usize {
     messages
         .iter()
-        .rposition(Message::is_user)
+        .rposition(Msg::is_user)
         .or_else(|| messages.iter().rposition(|m| !m.is_system()))
         .unwrap_or(messages.len())
 }

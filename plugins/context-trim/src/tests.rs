@@ -1,5 +1,4 @@
 use serde_json::{Value, json};
-use sluice_plugin_sdk::chat::{FunctionCall, ToolCall};
 use sluice_plugin_sdk::testing::chat_request;
 
 use super::*;
@@ -8,15 +7,27 @@ fn plugin(config: Value) -> Result<ContextTrim, String> {
     sluice_plugin_sdk::configure::<ContextTrim>(&config.to_string())
 }
 
-/// Runs the request hook; the body sent on (or the error) and the state.
+/// Runs the request hook; the body sent on (or the error), and what the
+/// response headers report as trimmed (`None` without them).
 fn run(plugin: &ContextTrim, model: &str, body: Value) -> (Result<Value, ApiError>, Option<Trimmed>) {
-    let mut state = None;
     let req = chat_request(model, &body);
-    let result = plugin.on_request(&req, &mut state).map(|action| {
-        let sent = action.edits().and_then(|e| e.body.clone()).unwrap_or(req.body.clone());
-        serde_json::from_slice(&sent).unwrap()
+    let result = plugin.on_request(&req, &mut ()).map(|action| {
+        assert_eq!(action, Action::Continue);
+        req.body_json()
     });
-    (result, state)
+    let header = |name: &str| req.response_header(name).map(|value| value.parse::<u32>().unwrap());
+    let trimmed = match (header("x-sluice-trimmed-tokens"), header("x-sluice-trimmed-messages")) {
+        (Some(tokens), Some(messages)) => Some(Trimmed { tokens, messages }),
+        (None, None) => None,
+        other => panic!("one trimmed header without the other: {other:?}"),
+    };
+    (result, trimmed)
+}
+
+/// A body's messages as the plugin reads them.
+fn messages(body: &Value) -> Vec<Msg> {
+    let req = chat_request("m", body);
+    read_messages(&req).unwrap()
 }
 
 fn words(n: usize) -> String {
@@ -24,10 +35,8 @@ fn words(n: usize) -> String {
 }
 
 fn tokens(model: &str, body: &Value, config: &Config) -> u32 {
-    let mut fields = body.as_object().unwrap().clone();
-    fields.entry("model").or_insert(model.into());
-    let chat = ChatRequest::from_map(fields).unwrap();
-    Counter::new(model, config).total(&chat)
+    let tools = body.get("tools").map(Value::to_string);
+    Counter::new(model, config).total(&messages(body), tools.as_deref())
 }
 
 fn contents(body: &Value) -> Vec<String> {
@@ -55,11 +64,14 @@ fn a_request_within_budget_passes_untouched_with_zero_headers() {
     let (result, state) = run(&plugin, "m", body.clone());
     assert_eq!(result.unwrap(), json!({"messages": [{"role": "user", "content": "hi"}], "model": "m"}));
     assert_eq!(state, Some(Trimmed { tokens: 0, messages: 0 }));
-    let headers = plugin.on_response(&Response { status: 200, headers: vec![] }, &mut Some(Trimmed::default()));
+    let req = chat_request("m", &body);
+    plugin.on_request(&req, &mut ()).unwrap();
+    assert!(!req.body_edited(), "the body is left as the client sent it");
     assert_eq!(
-        headers.set_headers,
+        req.response_headers(),
         [("x-sluice-trimmed-tokens".into(), "0".into()), ("x-sluice-trimmed-messages".into(), "0".into())]
     );
+    assert_eq!(plugin.hooks(), Hooks::REQUEST, "no instance is held for the response");
 }
 
 #[test]
@@ -124,6 +136,17 @@ fn when_the_minimum_does_not_fit_it_is_a_400() {
 }
 
 #[test]
+fn members_that_count_must_have_their_types() {
+    let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 100}]})).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x", "name": 5}]});
+    let error = run(&plugin, "m", body).0.unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (400, "invalid_chat_request"));
+    assert!(error.message.starts_with("messages[1]: invalid type"), "{}", error.message);
+    let error = run(&plugin, "m", json!({"messages": [{"role": "user", "content": 5}]})).0.unwrap_err();
+    assert_eq!(error.code, "invalid_chat_request");
+}
+
+#[test]
 fn context_window_minus_requested_output_is_the_budget() {
     let plugin = plugin(json!({"models": [
         {"model": "*", "maxInputTokens": 1000},
@@ -153,9 +176,9 @@ fn models_without_a_budget_and_other_endpoints_pass() {
     let (result, state) = run(&plugin, "llama", body.clone());
     assert!(result.is_ok());
     assert_eq!(state, None, "no headers for a model without a budget");
-    let mut embeddings = chat_request("gpt-x", &json!({"input": "x"}));
-    embeddings.path = "/v1/embeddings".into();
-    assert_eq!(plugin.on_request(&embeddings, &mut None).unwrap(), Action::continue_());
+    let embeddings = chat_request("gpt-x", &json!({"input": "x"})).with_path("/v1/embeddings");
+    assert_eq!(plugin.on_request(&embeddings, &mut ()).unwrap(), Action::Continue);
+    assert!(embeddings.response_headers().is_empty());
 }
 
 #[test]
@@ -241,16 +264,22 @@ impl Rng {
 
 /// A random conversation: system messages, user turns, assistant replies,
 /// tool calls followed by their results, multi-part contents.
-fn random_conversation(rng: &mut Rng) -> Vec<Message> {
+fn random_conversation(rng: &mut Rng) -> Vec<Value> {
     let mut messages = Vec::new();
     let mut call = 0;
     if rng.below(2) == 0 {
-        messages.push(Message::system(&words(rng.below(30) as usize)));
+        messages.push(json!({"role": "system", "content": words(rng.below(30) as usize)}));
     }
     for _ in 0..=rng.below(8) {
-        messages.push(Message::user(&words(rng.below(60) as usize)));
+        if rng.below(5) == 0 {
+            let parts = json!([{"type": "text", "text": words(rng.below(30) as usize)},
+                {"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": words(rng.below(30) as usize)}]);
+            messages.push(json!({"role": "user", "content": parts}));
+        } else {
+            messages.push(json!({"role": "user", "content": words(rng.below(60) as usize)}));
+        }
         if rng.below(4) == 0 {
-            messages.push(Message::system(&words(rng.below(5) as usize)));
+            messages.push(json!({"role": "system", "content": words(rng.below(5) as usize)}));
         }
         for _ in 0..rng.below(3) {
             if rng.below(2) == 0 {
@@ -260,29 +289,20 @@ fn random_conversation(rng: &mut Rng) -> Vec<Message> {
                         format!("call_{call}")
                     })
                     .collect();
-                let mut assistant = Message::assistant("");
-                assistant.tool_calls = Some(
-                    ids.iter()
-                        .map(|id| ToolCall {
-                            id: Some(id.clone()),
-                            kind: Some("function".into()),
-                            function: Some(FunctionCall {
-                                name: Some("f".into()),
-                                arguments: Some(format!("{{\"q\": \"{}\"}}", words(rng.below(10) as usize))),
-                                extra: Default::default(),
-                            }),
-                            extra: Default::default(),
-                        })
-                        .collect(),
-                );
-                messages.push(assistant);
+                let calls: Vec<Value> = ids
+                    .iter()
+                    .map(|id| {
+                        let arguments = format!("{{\"q\": \"{}\"}}", words(rng.below(10) as usize));
+                        json!({"id": id, "type": "function", "function": {"name": "f", "arguments": arguments}})
+                    })
+                    .collect();
+                messages.push(json!({"role": "assistant", "content": "", "tool_calls": calls}));
                 for id in ids {
-                    let mut tool = Message::new("tool", &words(rng.below(80) as usize));
-                    tool.tool_call_id = Some(id);
-                    messages.push(tool);
+                    messages
+                        .push(json!({"role": "tool", "tool_call_id": id, "content": words(rng.below(80) as usize)}));
                 }
             } else {
-                messages.push(Message::assistant(&words(rng.below(60) as usize)));
+                messages.push(json!({"role": "assistant", "content": words(rng.below(60) as usize)}));
             }
         }
     }
@@ -291,10 +311,10 @@ fn random_conversation(rng: &mut Rng) -> Vec<Message> {
 
 /// Every tool result follows the assistant message that called it, and
 /// every call kept has its results kept.
-fn tool_pairs_intact(messages: &[Message]) -> bool {
+fn tool_pairs_intact(messages: &[Value]) -> bool {
     let mut open: Vec<&str> = Vec::new();
     for message in messages {
-        if let Some(id) = message.tool_call_id.as_deref() {
+        if let Some(id) = message["tool_call_id"].as_str() {
             match open.iter().position(|o| *o == id) {
                 Some(at) => {
                     open.remove(at);
@@ -305,7 +325,7 @@ fn tool_pairs_intact(messages: &[Message]) -> bool {
             if !open.is_empty() {
                 return false;
             }
-            open.extend(message.tool_call_ids());
+            open.extend(message["tool_calls"].as_array().into_iter().flatten().filter_map(|c| c["id"].as_str()));
         }
     }
     open.is_empty()
@@ -318,34 +338,34 @@ fn randomised_results_are_within_budget_or_a_400() {
     for case in 0..600 {
         let strategy = if case % 2 == 0 { "drop-oldest" } else { "truncate-middle" };
         let protect = rng.below(2) == 0;
-        let messages = random_conversation(&mut rng);
-        let original = ChatRequest::new("m", messages.clone());
+        let conversation = random_conversation(&mut rng);
+        let original = json!({"messages": conversation});
         let config = json!({"strategy": strategy, "protectLatestUser": protect,
             "models": [{"model": "*", "maxInputTokens": 1}]});
         let counter_config = plugin(config).unwrap().config;
-        let full = Counter::new("m", &counter_config).total(&original);
+        let full = tokens("m", &original, &counter_config);
         // The shortcut past counting is sound only if the bound never
         // undercounts.
-        let bound = Counter::new("m", &counter_config).upper_bound(&original);
+        let bound = Counter::new("m", &counter_config).upper_bound(&messages(&original), None);
         assert!(bound >= u64::from(full), "case {case}: byte bound {bound} under the count {full}");
         let budget = rng.below(u64::from(full) * 3 / 2 + 1) as u32;
         let plugin = plugin(json!({"strategy": strategy, "protectLatestUser": protect,
             "models": [{"model": "*", "maxInputTokens": budget}]}))
         .unwrap();
-        let body = serde_json::to_value(&original).unwrap();
-        let (result, state) = run(&plugin, "m", body);
+        let (result, state) = run(&plugin, "m", original.clone());
         let what = format!("case {case} ({strategy}, budget {budget}, full {full})");
         match result {
             Ok(out) => {
-                let out = ChatRequest::from_map(out.as_object().unwrap().clone()).unwrap();
-                let total = Counter::new("m", &plugin.config).total(&out);
+                let total = tokens("m", &out, &plugin.config);
                 assert!(total <= budget, "{what}: {total} tokens");
-                let systems = |m: &[Message]| m.iter().filter(|m| m.is_system()).cloned().collect::<Vec<_>>();
-                assert_eq!(systems(&out.messages), systems(&messages), "{what}: system messages kept");
-                assert!(tool_pairs_intact(&out.messages), "{what}: tool calls split from results");
-                let newest_user = |m: &[Message]| m.iter().rfind(|m| m.is_user()).cloned();
+                let sent = out["messages"].as_array().unwrap();
+                let is_system = |m: &&Value| m["role"] == "system" || m["role"] == "developer";
+                let systems = |m: &[Value]| m.iter().filter(is_system).cloned().collect::<Vec<_>>();
+                assert_eq!(systems(sent), systems(&conversation), "{what}: system messages kept");
+                assert!(tool_pairs_intact(sent), "{what}: tool calls split from results");
+                let newest_user = |m: &[Value]| m.iter().rfind(|m| m["role"] == "user").cloned();
                 if strategy == "drop-oldest" || protect {
-                    assert_eq!(newest_user(&out.messages), newest_user(&messages), "{what}: newest user turn kept");
+                    assert_eq!(newest_user(sent), newest_user(&conversation), "{what}: newest user turn kept");
                 }
                 let state = state.unwrap();
                 assert_eq!(state.tokens, full - total, "{what}: reported tokens");
@@ -357,6 +377,7 @@ fn randomised_results_are_within_budget_or_a_400() {
             Err(error) => {
                 assert_eq!((error.status, error.code.as_str()), (400, "context_length_exceeded"), "{what}");
                 assert!(budget < full, "{what}: refused a request that fit");
+                assert_eq!(state, None, "{what}: no headers on an error");
                 refused += 1;
             }
         }

@@ -60,7 +60,7 @@ impl Plugin for Deny {
                 host::log(LogLevel::Info, "request denied", &[("reason", &reason)]);
                 Err(self.error())
             }
-            None => Ok(Action::continue_()),
+            None => Ok(Action::Continue),
         }
     }
 }
@@ -70,14 +70,17 @@ impl Deny {
     fn denial_reason(&self, req: &Request) -> Option<String> {
         let config = &self.0;
         if let Some(header) = &config.header {
-            let denied_value =
-                req.headers.get_all_headers(header).find(|value| config.values.iter().any(|v| v == value));
+            let headers = req.headers();
+            let denied_value = headers.get_all_headers(header).find(|value| config.values.iter().any(|v| v == value));
             if let Some(value) = denied_value {
                 return Some(format!("header {header} is {value:?}"));
             }
         }
-        if config.models.contains(&req.model) {
-            return Some(format!("model {:?} is denied", req.model));
+        if !config.models.is_empty() {
+            let model = req.model();
+            if config.models.contains(&model) {
+                return Some(format!("model {model:?} is denied"));
+            }
         }
         None
     }
@@ -99,14 +102,7 @@ mod tests {
     }
 
     fn request(model: &str, headers: &[(&str, &str)]) -> Request {
-        Request {
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
-            body: Vec::new(),
-            model: model.into(),
-            route: "default/chat".into(),
-        }
+        sluice_plugin_sdk::testing::raw_request(model, headers, Vec::new())
     }
 
     const EXAMPLE: &str = r#"{"header": "X-Tenant", "values": ["blocked"],

@@ -1,6 +1,6 @@
 //! Adds configured messages around every chat request: `prepend` before the
-//! client's messages, `append` after them. Other fields of the body are left
-//! exactly as they were.
+//! client's messages, `append` after them. The host inserts them; every other
+//! byte of the body, the client's messages included, is left as it was.
 
 use serde::Deserialize;
 use sluice_plugin_sdk::prelude::*;
@@ -59,20 +59,26 @@ impl Plugin for PromptDecorator {
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
         if !req.is_chat_completion() {
-            return Ok(Action::continue_());
+            return Ok(Action::Continue);
         }
-        let mut chat = req.chat()?;
-        self.decorate(&mut chat.messages);
-        Ok(Edits::new().body(chat.to_body()?).into())
+        // Also checks it is a chat request: a 400 if not.
+        let count = req.message_count()?;
+        let at = if self.prepend_after_system && !self.prepend.is_empty() { leading_system_messages(req)? } else { 0 };
+        // Appended first, so `at` still counts the client's messages only.
+        if !self.append.is_empty() {
+            req.splice_messages(count, 0, &self.append);
+        }
+        if !self.prepend.is_empty() {
+            req.splice_messages(at, 0, &self.prepend);
+        }
+        Ok(Action::Continue)
     }
 }
 
-impl PromptDecorator {
-    fn decorate(&self, messages: &mut Vec<Message>) {
-        let at = if self.prepend_after_system { messages.iter().take_while(|m| m.is_system()).count() } else { 0 };
-        messages.splice(at..at, self.prepend.iter().cloned());
-        messages.extend(self.append.iter().cloned());
-    }
+/// How many messages at the start are system messages. Reading roles means
+/// reading the messages: only `prependAfterSystem` pays for it.
+fn leading_system_messages(req: &Request) -> Result<u32, ApiError> {
+    Ok(req.messages()?.iter().take_while(|m| m.is_system()).count() as u32)
 }
 
 export_plugin!(PromptDecorator);
@@ -89,8 +95,9 @@ mod tests {
     }
 
     fn decorated(decorator: &PromptDecorator, body: Value) -> Value {
-        let action = decorator.on_request(&chat_request("m", &body), &mut ()).unwrap();
-        serde_json::from_slice(action.edits().unwrap().body.as_deref().unwrap()).unwrap()
+        let req = chat_request("m", &body);
+        assert_eq!(decorator.on_request(&req, &mut ()), Ok(Action::Continue));
+        req.body_json()
     }
 
     const CONFIG: &str = r#"{"prepend": [{"role": "system", "content": "Answer in English."}],
@@ -117,16 +124,38 @@ mod tests {
 
     #[test]
     fn prepend_after_system_keeps_the_client_system_prompt_first() {
-        let decorator = decorator(json!({"prependAfterSystem": true,
+        let after_system = decorator(json!({"prependAfterSystem": true,
             "prepend": [{"role": "user", "content": "context"}]}))
         .unwrap();
         let out = decorated(
-            &decorator,
+            &after_system,
             json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}),
         );
         let roles: Vec<&str> =
             out["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap()).collect();
         assert_eq!(roles, ["s", "context", "q"]);
+
+        // Only the client's leading system messages count, not appended ones.
+        let with_append = decorator(json!({"prependAfterSystem": true,
+            "prepend": [{"role": "user", "content": "context"}], "append": [{"role": "system", "content": "end"}]}))
+        .unwrap();
+        let out = decorated(&with_append, json!({"messages": [{"role": "developer", "content": "s"}]}));
+        let contents: Vec<&str> =
+            out["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap()).collect();
+        assert_eq!(contents, ["s", "context", "end"]);
+    }
+
+    #[test]
+    fn the_client_messages_keep_their_bytes() {
+        let decorator = sluice_plugin_sdk::configure::<PromptDecorator>(CONFIG).unwrap();
+        let client = r#"{"role": "user", "content": "hi", "n": 1.0e5}"#;
+        let body = format!(r#"{{"model": "m", "messages": [ {client} ], "x": 123456789012345678901234567890}}"#);
+        let req = raw_request("m", &[], body.into_bytes());
+        decorator.on_request(&req, &mut ()).unwrap();
+        let out = req.body_text();
+        assert!(out.contains(client), "{out}");
+        assert!(out.ends_with(r#""x": 123456789012345678901234567890}"#), "{out}");
+        assert_eq!(req.message_count().unwrap(), 3);
     }
 
     #[test]
@@ -145,9 +174,9 @@ mod tests {
         assert_eq!((error.status, error.code.as_str()), (400, "invalid_json"));
         let error = decorator.on_request(&chat_request("m", &json!({"messages": "hi"})), &mut ()).unwrap_err();
         assert_eq!(error.code, "invalid_chat_request");
-        let mut embeddings = chat_request("m", &json!({"input": "x"}));
-        embeddings.path = "/v1/embeddings".into();
-        assert_eq!(decorator.on_request(&embeddings, &mut ()).unwrap(), Action::continue_());
+        let embeddings = chat_request("m", &json!({"input": "x"})).with_path("/v1/embeddings");
+        assert_eq!(decorator.on_request(&embeddings, &mut ()).unwrap(), Action::Continue);
+        assert!(!embeddings.body_edited());
     }
 
     #[test]

@@ -7,6 +7,11 @@
 //! substituted inside JSON string values, never spliced into JSON text: a
 //! value is always data inside one string, whatever quotes, newlines or
 //! `{{other}}` it contains, and it is never expanded again.
+//!
+//! An untemplated request costs a few host calls (`template`, the message
+//! count) and is not copied. A templated one is rewritten whole with
+//! `set-body`: its `messages` is a string or absent, and the host's message
+//! calls edit only an existing array.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -174,14 +179,13 @@ impl Template {
         };
         let mut variables = BTreeSet::new();
         let messages = match fields.shift_remove("messages") {
-            Some(messages @ Value::Array(_)) => {
-                // Checked now so a template can never produce a request the
-                // chat types reject.
-                ChatRequest::from_map(Map::from_iter([
-                    ("model".to_string(), Value::from("m")),
-                    ("messages".to_string(), messages.clone()),
-                ]))
-                .map_err(|e| format!("template {name:?}: {}", e.message))?;
+            Some(Value::Array(messages)) => {
+                // Checked now so a template can never produce messages the
+                // host rejects (rendering only changes text inside strings).
+                for (i, message) in messages.iter().enumerate() {
+                    Message::from_json(message).map_err(|e| format!("template {name:?}: messages[{i}]: {e}"))?;
+                }
+                let messages = Value::Array(messages);
                 Node::parse(&messages, "messages", &mut variables).map_err(|e| format!("template {name:?}: {e}"))?
             }
             _ => return Err(format!("template {name:?}: `messages` must be an array of messages")),
@@ -234,24 +238,25 @@ impl Plugin for PromptTemplate {
     }
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
-        match req.path_only() {
+        match req.path_only().as_str() {
             "/v1/chat/completions" => {}
             // The legacy endpoint takes free-form prompts.
             "/v1/completions" if !self.allow_untemplated => return Err(template_required()),
-            _ => return Ok(Action::continue_()),
+            _ => return Ok(Action::Continue),
         }
-        let body: Map<String, Value> = req.json()?;
-        let Some(name) = requested_template(&body)? else {
-            return if self.allow_untemplated { Ok(Action::continue_()) } else { Err(template_required()) };
+        let Some(name) = requested_template(req)? else {
+            return if self.allow_untemplated { Ok(Action::Continue) } else { Err(template_required()) };
         };
         let template = self.templates.iter().find(|t| t.name == name).ok_or_else(|| {
             ApiError::bad_request("template_not_found", format!("there is no prompt template named {name:?}"))
         })?;
-        let values = self.variables(template, body.get("properties"))?;
+        let values = self.variables(template, req.field::<Value>("properties")?.as_ref())?;
+        let body: Map<String, Value> = req.json()?;
         let rendered = render_body(template, &values, body);
-        // The result must still be a valid chat request.
-        let chat = ChatRequest::from_map(rendered)?;
-        Ok(Edits::new().body(chat.to_body()?).into())
+        let rendered = serde_json::to_vec(&rendered)
+            .map_err(|e| ApiError::internal(format!("cannot encode the rendered request: {e}")))?;
+        req.set_body(&rendered);
+        Ok(Action::Continue)
     }
 }
 
@@ -291,26 +296,47 @@ impl PromptTemplate {
     }
 }
 
-/// The template a request names, if any.
-fn requested_template(body: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
-    let by_field = match body.get("template") {
+/// What a request's `messages` is.
+enum Messages {
+    Absent,
+    Array,
+    Text(String),
+    Other,
+}
+
+/// The template a request names, if any. Asks the host for `template` and
+/// the message count; `messages` itself is copied only when it is not an
+/// array (a reference to a template).
+fn requested_template(req: &Request) -> Result<Option<String>, ApiError> {
+    let by_field = match req.field::<Value>("template")? {
         None => None,
-        Some(Value::String(name)) => Some(name.as_str()),
+        Some(Value::String(name)) => Some(name),
         Some(_) => return Err(invalid("`template` must be a template name")),
     };
-    let by_messages = match body.get("messages") {
-        None | Some(Value::Array(_)) => None,
-        Some(Value::String(reference)) => {
+    let messages = match req.message_count() {
+        Ok(_) => Messages::Array,
+        Err(error) => match req.field::<Value>("messages")? {
+            // Not a JSON object at all: the 400 says so.
+            None if error.code == "invalid_json" => return Err(error),
+            None => Messages::Absent,
+            Some(Value::Array(_)) => Messages::Array,
+            Some(Value::String(text)) => Messages::Text(text),
+            Some(_) => Messages::Other,
+        },
+    };
+    let by_messages = match &messages {
+        Messages::Absent | Messages::Array => None,
+        Messages::Text(reference) => {
             let name = reference.strip_prefix(TEMPLATE_PREFIX).and_then(|r| r.strip_suffix('}'));
             match name {
-                Some(name) if !name.is_empty() => Some(name),
+                Some(name) if !name.is_empty() => Some(name.to_string()),
                 _ => return Err(invalid(format!("`messages` must be an array, or \"{TEMPLATE_PREFIX}NAME}}\""))),
             }
         }
-        Some(_) => return Err(invalid("`messages` must be an array")),
+        Messages::Other => return Err(invalid("`messages` must be an array")),
     };
     match (by_field, by_messages) {
-        (Some(_), _) if body.get("messages").is_some() => {
+        (Some(_), _) if !matches!(messages, Messages::Absent) => {
             Err(invalid("send either `template` or `messages`, not both"))
         }
         (Some(name), None) | (None, Some(name)) => Ok(Some(name)),
@@ -376,12 +402,12 @@ mod tests {
         .unwrap()
     }
 
+    /// The body sent on, or `Null` if the plugin left it as it was.
     fn apply(plugin: &PromptTemplate, body: Value) -> Result<Value, ApiError> {
-        let action = plugin.on_request(&chat_request("gpt", &body), &mut ())?;
-        Ok(match action.edits().and_then(|e| e.body.as_deref()) {
-            Some(body) => serde_json::from_slice(body).unwrap(),
-            None => Value::Null,
-        })
+        let req = chat_request("gpt", &body);
+        let before = req.body();
+        assert_eq!(plugin.on_request(&req, &mut ())?, Action::Continue);
+        Ok(if req.body() == before { Value::Null } else { req.body_json() })
     }
 
     #[test]
@@ -488,8 +514,7 @@ mod tests {
         .unwrap();
         let error = apply(&closed, json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap_err();
         assert_eq!(error.code, "template_required");
-        let mut legacy = chat_request("m", &json!({"prompt": "free-form"}));
-        legacy.path = "/v1/completions".into();
+        let legacy = chat_request("m", &json!({"prompt": "free-form"})).with_path("/v1/completions");
         assert_eq!(closed.on_request(&legacy, &mut ()).unwrap_err().code, "template_required");
         let out = apply(&closed, json!({"messages": "{template://t}", "properties": {"q": "hi"}})).unwrap();
         assert_eq!(out["messages"], json!([{"role": "user", "content": "hi"}]));
@@ -526,7 +551,8 @@ mod tests {
                 .contains("not a valid placeholder")
         );
         assert!(error(json!({"messages": "x"})).contains("`messages` must be an array"));
-        assert!(error(json!({"messages": [{"content": "x"}]})).contains("missing field `role`"));
+        assert!(error(json!({"messages": [{"content": "x"}]})).contains("messages[0]: no `role`"));
+        assert!(error(json!({"messages": [{"role": "user", "content": 1}]})).contains("`content` must be"));
         assert!(error(json!({"model": "x", "messages": []})).contains("cannot set `model`"));
         assert!(error(json!("not json")).contains("not JSON"));
         assert!(plugin(json!({"templates": []})).err().unwrap().contains("empty"));

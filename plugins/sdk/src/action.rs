@@ -1,24 +1,18 @@
-//! What a hook answers: edits to apply, or a response of the plugin's own.
+//! What a hook answers: go on, or a response of the plugin's own.
 
-use serde::Serialize;
+use crate::bindings::sluice::plugin::types::{DirectResponse, RequestAction, ResponseEdits};
 
-use crate::bindings::sluice::plugin::types::{DirectResponse, RequestAction, RequestEdits, ResponseEdits};
-
-/// What the request hook decided.
+/// What the request hook decided. Edits to the request are made through
+/// [`crate::Request`] itself, before returning.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Forward the request, with these edits.
-    Continue(Edits),
+    /// Forward the request, with the edits made to it.
+    Continue,
     /// Answer the client directly; nothing later in the chain runs.
     Respond(DirectResponse),
 }
 
 impl Action {
-    /// Forward the request unchanged.
-    pub fn continue_() -> Action {
-        Action::Continue(Edits::new())
-    }
-
     /// Answer with `status`, `headers` and `body`. A 4xx/5xx with an empty
     /// body makes the gateway write an OpenAI error naming the plugin.
     pub fn respond(status: u16, headers: &[(&str, &str)], body: impl Into<Vec<u8>>) -> Action {
@@ -32,72 +26,11 @@ impl Action {
         ApiError::new(status, code, message).into_action()
     }
 
-    /// The edits, if the request goes on.
-    pub fn edits(&self) -> Option<&Edits> {
-        match self {
-            Action::Continue(edits) => Some(edits),
-            Action::Respond(_) => None,
-        }
-    }
-
     pub(crate) fn into_wit(self) -> RequestAction {
         match self {
-            Action::Continue(edits) => RequestAction::Continue(edits.into_wit()),
+            Action::Continue => RequestAction::Continue,
             Action::Respond(response) => RequestAction::Respond(response),
         }
-    }
-}
-
-impl From<Edits> for Action {
-    fn from(edits: Edits) -> Action {
-        Action::Continue(edits)
-    }
-}
-
-/// Edits to the request before it goes on, built up by chaining.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Edits {
-    /// Each replaces every existing value of the same name.
-    pub set_headers: Vec<(String, String)>,
-    pub remove_headers: Vec<String>,
-    /// A replacement body.
-    pub body: Option<Vec<u8>>,
-}
-
-impl Edits {
-    pub fn new() -> Edits {
-        Edits::default()
-    }
-
-    /// Sets `name` (lower-cased, as the gateway keeps names) to `value`.
-    pub fn set_header(mut self, name: &str, value: &str) -> Edits {
-        self.set_headers.push((name.to_ascii_lowercase(), value.to_string()));
-        self
-    }
-
-    pub fn remove_header(mut self, name: &str) -> Edits {
-        self.remove_headers.push(name.to_ascii_lowercase());
-        self
-    }
-
-    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Edits {
-        self.body = Some(body.into());
-        self
-    }
-
-    /// Replaces the body with `value` as JSON.
-    pub fn json_body(self, value: &impl Serialize) -> Result<Edits, ApiError> {
-        let body = serde_json::to_vec(value).map_err(|e| ApiError::internal(format!("cannot encode the body: {e}")))?;
-        Ok(self.body(body))
-    }
-
-    /// The value this request will have for `name`, if these edits set it.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.set_headers.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-
-    fn into_wit(self) -> RequestEdits {
-        RequestEdits { set_headers: self.set_headers, remove_headers: self.remove_headers, body: self.body }
     }
 }
 
@@ -251,11 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn edits_chain_and_lower_case_names() {
-        let edits = Edits::new().set_header("X-A", "1").remove_header("Authorization").body("{}");
-        assert_eq!(edits.header("x-a"), Some("1"));
-        assert_eq!(edits.remove_headers, vec!["authorization"]);
-        assert_eq!(edits.body.as_deref(), Some(&b"{}"[..]));
-        assert_eq!(Action::from(edits.clone()).edits(), Some(&edits));
+    fn a_direct_response_lower_cases_header_names_and_maps_to_the_wit() {
+        let action = Action::respond(200, &[("X-Cache", "HIT")], "{}");
+        let RequestAction::Respond(response) = action.into_wit() else { panic!("a response") };
+        assert_eq!(response.headers, [("x-cache".to_string(), "HIT".to_string())]);
+        assert_eq!(response.body, b"{}");
+        assert_eq!(Action::Continue.into_wit(), RequestAction::Continue);
     }
 }

@@ -1,156 +1,21 @@
-//! OpenAI chat completion requests, typed where plugins look and untyped
-//! everywhere else, so a rewritten body keeps every field the client sent.
+//! Chat messages as the host hands them over: the role, the content (a
+//! string, parts, or none), and every other member as the text of a JSON
+//! object. The host keeps the request's JSON; plugins read and edit messages
+//! through [`crate::Request`], and these helpers read their text and the
+//! members plugins look at.
 
 use std::borrow::Cow;
 
-use serde::ser::SerializeMap;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::ApiError;
-
-/// A `/v1/chat/completions` request body.
-///
-/// Fields keep the client's order exactly, at the top level and in each
-/// message: typed fields are written back where they were, unknown fields
-/// stay in `extra`, and fields a plugin adds go last.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChatRequest {
-    pub model: String,
-    pub messages: Vec<Message>,
-    /// Every other top-level field (`temperature`, `tools`, `stream`, …).
-    pub extra: Map<String, Value>,
-    order: KeyOrder,
-}
-
-impl ChatRequest {
-    pub fn new(model: &str, messages: Vec<Message>) -> ChatRequest {
-        ChatRequest { model: model.to_string(), messages, extra: Map::new(), order: KeyOrder::default() }
-    }
-
-    /// Parses a body; a 400 `invalid_chat_request` names what is wrong.
-    pub fn from_slice(body: &[u8]) -> Result<ChatRequest, ApiError> {
-        let fields: Map<String, Value> = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request("invalid_json", format!("request body is not a JSON object: {e}")))?;
-        ChatRequest::from_map(fields)
-    }
-
-    pub fn from_map(mut fields: Map<String, Value>) -> Result<ChatRequest, ApiError> {
-        let invalid = |message: String| ApiError::bad_request("invalid_chat_request", message);
-        let order = KeyOrder::of(&fields);
-        let model = match fields.remove("model") {
-            Some(Value::String(model)) => model,
-            _ => return Err(invalid("`model` must be a string".into())),
-        };
-        let messages = match fields.remove("messages") {
-            Some(Value::Array(messages)) => messages
-                .into_iter()
-                .enumerate()
-                .map(|(i, message)| {
-                    let order = message.as_object().map(KeyOrder::of).unwrap_or_default();
-                    let message = Message::deserialize(message).map_err(|e| invalid(format!("messages[{i}]: {e}")))?;
-                    Ok(Message { order, ..message })
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(invalid("`messages` must be an array".into())),
-            None => return Err(invalid("the request has no `messages`".into())),
-        };
-        Ok(ChatRequest { model, messages, extra: fields, order })
-    }
-
-    /// The body as JSON bytes, fields in the client's order.
-    pub fn to_body(&self) -> Result<Vec<u8>, ApiError> {
-        serde_json::to_vec(self).map_err(|e| ApiError::internal(format!("cannot encode the request: {e}")))
-    }
-
-    /// The output budget the client asked for: `max_completion_tokens`, or
-    /// the older `max_tokens`.
-    pub fn max_output_tokens(&self) -> Option<u64> {
-        ["max_completion_tokens", "max_tokens"].iter().find_map(|key| self.extra.get(*key).and_then(Value::as_u64))
-    }
-}
-
-impl Serialize for ChatRequest {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut fields = self.extra.clone();
-        fields.insert("model".into(), Value::String(self.model.clone()));
-        let messages = self.messages.iter().map(Message::to_ordered_value).collect::<Result<_, _>>();
-        fields.insert("messages".into(), Value::Array(messages.map_err(serde::ser::Error::custom)?));
-        self.order.write(fields, serializer)
-    }
-}
-
-/// The key order of a JSON object as the client sent it. It never makes two
-/// values unequal.
-#[derive(Clone, Debug, Default)]
-struct KeyOrder(Vec<String>);
-
-impl PartialEq for KeyOrder {
-    fn eq(&self, _: &KeyOrder) -> bool {
-        true
-    }
-}
-
-impl KeyOrder {
-    fn of(object: &Map<String, Value>) -> KeyOrder {
-        KeyOrder(object.keys().cloned().collect())
-    }
-
-    fn sort(&self, mut fields: Map<String, Value>) -> Map<String, Value> {
-        let mut sorted: Map<String, Value> = self.0.iter().filter_map(|key| fields.shift_remove_entry(key)).collect();
-        // What is left was added by a plugin: it goes last.
-        sorted.extend(fields);
-        sorted
-    }
-
-    fn write<S: Serializer>(&self, fields: Map<String, Value>, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(fields.len()))?;
-        for (key, value) in self.sort(fields) {
-            map.serialize_entry(&key, &value)?;
-        }
-        map.end()
-    }
-}
-
-/// One chat message. Known fields are typed; the rest stay in `extra`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: String,
-    #[serde(default, skip_serializing_if = "Content::is_absent")]
-    pub content: Content,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Set on an assistant message that calls tools.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCall>>,
-    /// Set on a `tool` message: the call it answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-    #[serde(skip)]
-    order: KeyOrder,
-}
+pub use crate::bindings::sluice::plugin::types::{Content, ContentPart, Message};
 
 impl Message {
+    /// A message whose content is `text`, with no other member.
     pub fn new(role: &str, text: &str) -> Message {
-        Message {
-            role: role.to_string(),
-            content: Content::Text(text.to_string()),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-            extra: Map::new(),
-            order: KeyOrder::default(),
-        }
-    }
-
-    /// The message as JSON, keys in the order the client sent them.
-    fn to_ordered_value(&self) -> Result<Value, serde_json::Error> {
-        match serde_json::to_value(self)? {
-            Value::Object(fields) => Ok(Value::Object(self.order.sort(fields))),
-            other => Ok(other),
-        }
+        Message { role: role.to_string(), content: Content::Text(text.to_string()), extra: "{}".to_string() }
     }
 
     pub fn system(text: &str) -> Message {
@@ -174,42 +39,61 @@ impl Message {
         self.role == "user"
     }
 
-    /// The ids of the tool calls this message makes.
-    pub fn tool_call_ids(&self) -> impl Iterator<Item = &str> {
-        self.tool_calls.iter().flatten().filter_map(|call| call.id.as_deref())
+    /// The members besides `role` and `content`, read as `T` (a struct of
+    /// the members wanted, e.g. [`MessageExtra`]).
+    pub fn extra_as<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.extra)
     }
-}
 
-/// A message's `content`: a string, an array of parts, `null`, or absent.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum Content {
-    #[default]
-    Absent,
-    Null,
-    Text(String),
-    Parts(Vec<ContentPart>),
+    /// A message from its JSON, checked as the host checks a message it
+    /// reads: an object with a string `role`, and a `content` that is a
+    /// string, an array of parts, `null` or absent.
+    pub fn from_json(value: &Value) -> Result<Message, String> {
+        let Value::Object(members) = value else {
+            return Err("not an object".into());
+        };
+        let mut role = None;
+        let mut content = Content::None;
+        let mut extra = Map::new();
+        for (key, value) in members {
+            match key.as_str() {
+                "role" => role = Some(value.as_str().ok_or("`role` must be a string")?.to_string()),
+                "content" => {
+                    content = match value {
+                        Value::Null => Content::None,
+                        Value::String(text) => Content::Text(text.clone()),
+                        Value::Array(parts) => Content::Parts(parts.iter().map(ContentPart::from_json).collect()),
+                        _ => return Err("`content` must be a string, an array or null".into()),
+                    }
+                }
+                _ => {
+                    extra.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        let role = role.ok_or("no `role`")?;
+        Ok(Message { role, content, extra: Value::Object(extra).to_string() })
+    }
+
+    /// The message as JSON: `role`, `content`, then the other members.
+    pub fn to_json(&self) -> Value {
+        let mut members = Map::new();
+        members.insert("role".into(), Value::String(self.role.clone()));
+        members.insert("content".into(), self.content.to_json());
+        if let Ok(extra) = self.extra_as::<Map<String, Value>>() {
+            members.extend(extra);
+        }
+        Value::Object(members)
+    }
 }
 
 impl Content {
-    pub fn is_absent(&self) -> bool {
-        matches!(self, Content::Absent)
-    }
-
-    /// The text pieces: the string, or the `text` of each text part.
-    pub fn texts(&self) -> Vec<&str> {
+    /// The text pieces: the string, or the `text` of each part that has one.
+    pub fn texts(&self) -> Vec<Cow<'_, str>> {
         match self {
-            Content::Text(text) => vec![text.as_str()],
-            Content::Parts(parts) => parts.iter().filter_map(|part| part.text.as_deref()).collect(),
-            Content::Absent | Content::Null => Vec::new(),
-        }
-    }
-
-    /// The text pieces, to edit in place.
-    pub fn texts_mut(&mut self) -> Vec<&mut String> {
-        match self {
-            Content::Text(text) => vec![text],
-            Content::Parts(parts) => parts.iter_mut().filter_map(|part| part.text.as_mut()).collect(),
-            Content::Absent | Content::Null => Vec::new(),
+            Content::Text(text) => vec![Cow::Borrowed(text.as_str())],
+            Content::Parts(parts) => parts.iter().filter_map(ContentPart::text).collect(),
+            Content::None => Vec::new(),
         }
     }
 
@@ -220,48 +104,106 @@ impl Content {
             _ => Cow::Owned(self.texts().join("\n")),
         }
     }
-}
 
-impl Serialize for Content {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+    /// Replaces text piece `piece` (as numbered by [`Content::texts`]);
+    /// false if there is no such piece.
+    pub fn set_text(&mut self, piece: usize, text: String) -> bool {
         match self {
-            // `Absent` is skipped by the message; null is the closest value.
-            Content::Absent | Content::Null => serializer.serialize_unit(),
-            Content::Text(text) => serializer.serialize_str(text),
-            Content::Parts(parts) => parts.serialize(serializer),
+            Content::Text(old) if piece == 0 => {
+                *old = text;
+                true
+            }
+            Content::Parts(parts) => match parts.iter_mut().filter(|part| part.text().is_some()).nth(piece) {
+                Some(part) => part.set_text(text),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        match self {
+            Content::None => Value::Null,
+            Content::Text(text) => Value::String(text.clone()),
+            Content::Parts(parts) => Value::Array(parts.iter().map(ContentPart::to_json).collect()),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for Content {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Content, D::Error> {
-        use serde::de::Error;
-        match Value::deserialize(deserializer)? {
-            Value::Null => Ok(Content::Null),
-            Value::String(text) => Ok(Content::Text(text)),
-            Value::Array(parts) => parts
-                .into_iter()
-                .enumerate()
-                .map(|(i, part)| {
-                    ContentPart::deserialize(part).map_err(|e| D::Error::custom(format!("content[{i}]: {e}")))
-                })
-                .collect::<Result<_, _>>()
-                .map(Content::Parts),
-            _ => Err(D::Error::custom("`content` must be a string, an array of content parts, or null")),
+/// A part's `text` member, where the host gives the part as JSON.
+#[derive(Deserialize)]
+struct PartText {
+    text: String,
+}
+
+impl ContentPart {
+    /// Its text: a text part's, or the string `text` member of any other
+    /// part (a text part with more members, `input_text`, ...).
+    pub fn text(&self) -> Option<Cow<'_, str>> {
+        match self {
+            ContentPart::Text(text) => Some(Cow::Borrowed(text)),
+            ContentPart::Other(json) => serde_json::from_str::<PartText>(json).ok().map(|part| Cow::Owned(part.text)),
+        }
+    }
+
+    /// Replaces its text, keeping every other member; false if it has none.
+    fn set_text(&mut self, text: String) -> bool {
+        match self {
+            ContentPart::Text(old) => *old = text,
+            ContentPart::Other(json) => {
+                let Ok(mut members) = serde_json::from_str::<Map<String, Value>>(json) else {
+                    return false;
+                };
+                if !members.get("text").is_some_and(Value::is_string) {
+                    return false;
+                }
+                members.insert("text".into(), Value::String(text));
+                *json = Value::Object(members).to_string();
+            }
+        }
+        true
+    }
+
+    /// A part from its JSON, as the host reads one: a text part is exactly
+    /// `{"type": "text", "text": <string>}`, any other is kept as its JSON.
+    pub fn from_json(value: &Value) -> ContentPart {
+        if let Value::Object(members) = value
+            && members.len() == 2
+            && members.get("type").and_then(Value::as_str) == Some("text")
+            && let Some(Value::String(text)) = members.get("text")
+        {
+            return ContentPart::Text(text.clone());
+        }
+        ContentPart::Other(value.to_string())
+    }
+
+    pub fn to_json(&self) -> Value {
+        match self {
+            ContentPart::Text(text) => serde_json::json!({"type": "text", "text": text}),
+            ContentPart::Other(json) => serde_json::from_str(json).unwrap_or(Value::Null),
         }
     }
 }
 
-/// One part of a multi-part content: `{"type": "text", "text": …}`, or an
-/// image, audio or file part kept as is.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
+/// The members of a message besides `role` and `content` that policies look
+/// at: `Message::extra_as::<MessageExtra>()`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct MessageExtra {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Set on an assistant message that calls tools.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// Set on a `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+impl MessageExtra {
+    /// The ids of the tool calls this message makes.
+    pub fn tool_call_ids(&self) -> impl Iterator<Item = &str> {
+        self.tool_calls.iter().flatten().filter_map(|call| call.id.as_deref())
+    }
 }
 
 /// One entry of an assistant message's `tool_calls`.
@@ -295,72 +237,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trips_every_field_in_order() {
-        let body = json!({
-            "temperature": 0.2,
-            "messages": [
-                {"role": "system", "content": "be brief"},
-                {"role": "user", "name": "ann", "content": [
-                    {"type": "text", "text": "what is this?"},
-                    {"type": "image_url", "image_url": {"url": "data:..."}}
-                ]},
-                {"role": "assistant", "content": null, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
-                ]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "a cat", "x-vendor": 1}
-            ],
-            "model": "gpt-4o",
-            "tools": [{"type": "function", "function": {"name": "look"}}],
-            "max_tokens": 100
-        });
-        let text = body.to_string();
-        let chat = ChatRequest::from_slice(text.as_bytes()).unwrap();
-        assert_eq!(chat.model, "gpt-4o");
-        assert_eq!(chat.messages.len(), 4);
-        assert_eq!(chat.messages[1].content.texts(), ["what is this?"]);
-        assert_eq!(chat.messages[2].content, Content::Null);
-        assert_eq!(chat.messages[2].tool_call_ids().collect::<Vec<_>>(), ["call_1"]);
-        assert_eq!(chat.max_output_tokens(), Some(100));
-        let written = String::from_utf8(chat.to_body().unwrap()).unwrap();
-        assert_eq!(written, text, "nothing lost, nothing reordered");
-    }
+    fn messages_convert_from_and_to_json() {
+        let value = json!({"role": "assistant", "name": "ann", "content": [
+            {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}
+        ], "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let message = Message::from_json(&value).unwrap();
+        assert_eq!(message.role, "assistant");
+        assert_eq!(message.content.texts(), ["a"]);
+        let extra: MessageExtra = message.extra_as().unwrap();
+        assert_eq!(extra.name.as_deref(), Some("ann"));
+        assert_eq!(extra.tool_call_ids().collect::<Vec<_>>(), ["c1"]);
+        assert_eq!(message.to_json(), value);
+        let keys: Vec<String> = message.to_json().as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["role", "content", "name", "tool_calls"]);
 
-    #[test]
-    fn added_fields_go_last() {
-        let mut chat = ChatRequest::from_slice(br#"{"model":"m","messages":[]}"#).unwrap();
-        chat.extra.insert("user".into(), json!("u"));
-        chat.messages.push(Message::user("hi"));
-        assert_eq!(
-            String::from_utf8(chat.to_body().unwrap()).unwrap(),
-            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"user":"u"}"#
-        );
-    }
-
-    #[test]
-    fn invalid_requests_name_the_problem() {
-        let error = |body: &str| ChatRequest::from_slice(body.as_bytes()).unwrap_err();
-        assert_eq!(error("[1]").code, "invalid_json");
-        assert_eq!(error(r#"{"model": "m"}"#).message, "the request has no `messages`");
-        assert_eq!(error(r#"{"model": "m", "messages": {}}"#).message, "`messages` must be an array");
-        let bad =
-            error(r#"{"model": "m", "messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": 5}]}"#);
-        assert_eq!(bad.code, "invalid_chat_request");
-        assert!(bad.message.starts_with("messages[1]:"), "{}", bad.message);
-        assert!(bad.message.contains("must be a string"), "{}", bad.message);
-        let no_role = error(r#"{"model": "m", "messages": [{"content": "x"}]}"#);
-        assert!(no_role.message.contains("missing field `role`"), "{}", no_role.message);
-    }
-
-    #[test]
-    fn text_of_parts_is_editable() {
-        let mut content: Content = serde_json::from_value(
-            json!([{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]),
-        )
-        .unwrap();
-        assert_eq!(content.text(), "a\nb");
-        for text in content.texts_mut() {
-            text.push('!');
+        for (bad, error) in [
+            (json!([]), "not an object"),
+            (json!({"content": "x"}), "no `role`"),
+            (json!({"role": 1}), "`role` must be a string"),
+            (json!({"role": "user", "content": 5}), "`content` must be a string, an array or null"),
+        ] {
+            assert_eq!(Message::from_json(&bad).unwrap_err(), error, "{bad}");
         }
-        assert_eq!(content.texts(), ["a!", "b!"]);
+        let absent = Message::from_json(&json!({"role": "assistant"})).unwrap();
+        assert_eq!((absent.content, absent.extra.as_str()), (Content::None, "{}"));
+    }
+
+    #[test]
+    fn the_text_of_every_part_that_has_one_is_read_and_editable() {
+        // A text part with another member reaches plugins as `Other`; its
+        // text must still be seen, or a guard could be bypassed with it.
+        let mut content = Content::Parts(vec![
+            ContentPart::Text("a".into()),
+            ContentPart::Other(r#"{"type":"image_url","image_url":{"url":"u"}}"#.into()),
+            ContentPart::Other(r#"{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}"#.into()),
+        ]);
+        assert_eq!(content.text(), "a\nb");
+        assert!(content.set_text(1, "B".into()));
+        assert!(content.set_text(0, "A".into()));
+        assert!(!content.set_text(2, "x".into()), "there are two text pieces");
+        assert_eq!(content.texts(), ["A", "B"]);
+        let Content::Parts(parts) = &content else { panic!("parts") };
+        assert_eq!(
+            parts[2],
+            ContentPart::Other(r#"{"type":"text","text":"B","cache_control":{"type":"ephemeral"}}"#.into())
+        );
+
+        let mut text = Content::Text("t".into());
+        assert!(text.set_text(0, "u".into()) && !text.set_text(1, "v".into()));
+        assert_eq!(text.text(), "u");
+        assert!(Content::None.texts().is_empty());
+    }
+
+    #[test]
+    fn parts_are_classified_as_the_host_does() {
+        assert_eq!(ContentPart::from_json(&json!({"type": "text", "text": "x"})), ContentPart::Text("x".into()));
+        let with_more = json!({"type": "text", "text": "x", "cache_control": {}});
+        assert!(matches!(ContentPart::from_json(&with_more), ContentPart::Other(_)));
+        assert!(matches!(ContentPart::from_json(&json!({"type": "text", "text": 5})), ContentPart::Other(_)));
     }
 }

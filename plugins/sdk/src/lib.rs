@@ -21,23 +21,34 @@
 //!
 //!     fn new(config: Config) -> Result<Self, String> { Ok(Tag(config)) }
 //!
-//!     fn on_request(&self, _req: &Request, _: &mut ()) -> Result<Action, ApiError> {
-//!         Ok(Edits::new().set_header(&self.0.header, "1").into())
+//!     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+//!         req.set_header(&self.0.header, "1");
+//!         Ok(Action::Continue)
 //!     }
 //! }
 //!
 //! export_plugin!(Tag);
 //! ```
 //!
+//! The hook gets the request as a [`Request`]: a handle to the host's copy,
+//! read and edited through calls (`messages`, `splice_messages`, `field`,
+//! `set_header`, ...), so a plugin reads only what it needs and the host
+//! parses a chat body once for the whole chain.
+//!
 //! The same code builds natively, so a plugin's logic is unit-tested with
-//! plain `cargo test`: [`host`] has deterministic stand-ins there for the
+//! plain `cargo test`: [`testing`] builds requests backed by the gateway's
+//! own chat body code, and [`host`] has deterministic stand-ins for the
 //! calls the gateway provides.
 
 mod action;
 pub mod chat;
 pub mod host;
 mod http;
+#[cfg(not(target_arch = "wasm32"))]
+mod native;
 mod pattern;
+mod request;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
 use std::any::Any;
@@ -47,9 +58,10 @@ use std::marker::PhantomData;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
-pub use action::{Action, ApiError, Edits, HeaderEdits};
+pub use action::{Action, ApiError, HeaderEdits};
 pub use http::{HeaderList, header_value};
 pub use pattern::ModelPattern;
+pub use request::Request;
 
 /// The bindings for `wit/plugin.wit`, generated once for every plugin.
 #[doc(hidden)]
@@ -64,19 +76,19 @@ pub mod bindings {
 }
 
 pub use bindings::sluice::plugin::types::{
-    ChunkAction, DirectResponse, Hooks, LogLevel, Request, Response, ResponseSummary, Usage,
+    ChunkAction, DirectResponse, Hooks, LogLevel, Response, ResponseSummary, Usage,
 };
 pub use serde_json;
 
 use bindings::exports::sluice::plugin::filter::Guest;
-use bindings::sluice::plugin::types::{RequestAction, ResponseAction};
+use bindings::sluice::plugin::types::{Request as HostRequest, RequestAction, ResponseAction};
 
 /// What most plugins import.
 pub mod prelude {
-    pub use crate::chat::{ChatRequest, Content, Message};
+    pub use crate::chat::{Content, ContentPart, Message};
     pub use crate::host;
     pub use crate::{
-        Action, ApiError, ChunkAction, Edits, HeaderEdits, HeaderList, Hooks, LogLevel, Plugin, Request, Response,
+        Action, ApiError, ChunkAction, HeaderEdits, HeaderList, Hooks, LogLevel, Plugin, Request, Response,
         ResponseSummary, export_plugin,
     };
 }
@@ -112,10 +124,11 @@ pub trait Plugin: Sized + 'static {
         Hooks::REQUEST
     }
 
-    /// Before the request is forwarded. `Err` answers the client with an
-    /// OpenAI-shaped error.
+    /// Before the request is forwarded: read and edit it through `req`.
+    /// `Err` answers the client with an OpenAI-shaped error. Response
+    /// headers set here (`req.set_response_header`) need no response hook.
     fn on_request(&self, _req: &Request, _state: &mut Self::State) -> Result<Action, ApiError> {
-        Ok(Action::continue_())
+        Ok(Action::Continue)
     }
 
     /// On the upstream's response head (`Hooks::RESPONSE_HEAD`).
@@ -265,6 +278,25 @@ fn with_instance<P: Plugin, R>(phase: Phase, hook: impl FnOnce(&P, &mut P::State
     })
 }
 
+/// Runs the request hook of this instance's plugin on `req`. (Natively only
+/// the tests call it.)
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+fn handle_request<P: Plugin>(req: &Request) -> RequestAction {
+    let action = with_instance::<P, _>(Phase::Request, |plugin, state| plugin.on_request(req, state))
+        .unwrap_or_else(|| Err(ApiError::not_configured(P::NAME)));
+    match action {
+        Ok(action) => action.into_wit(),
+        Err(error) => {
+            host::log(
+                LogLevel::Debug,
+                "request rejected",
+                &[("status", &error.status.to_string()), ("code", &error.code), ("message", &error.message)],
+            );
+            error.into_action().into_wit()
+        }
+    }
+}
+
 /// Implements the WIT exports for a [`Plugin`]; used by [`export_plugin!`].
 #[doc(hidden)]
 pub struct Exported<P>(PhantomData<P>);
@@ -278,20 +310,16 @@ impl<P: Plugin> Guest for Exported<P> {
         Ok(hooks)
     }
 
-    fn request_filter(req: Request) -> RequestAction {
-        let action = with_instance::<P, _>(Phase::Request, |plugin, state| plugin.on_request(&req, state))
-            .unwrap_or_else(|| Err(ApiError::not_configured(P::NAME)));
-        match action {
-            Ok(action) => action.into_wit(),
-            Err(error) => {
-                host::log(
-                    LogLevel::Debug,
-                    "request rejected",
-                    &[("status", &error.status.to_string()), ("code", &error.code), ("message", &error.message)],
-                );
-                error.into_action().into_wit()
-            }
-        }
+    #[cfg(target_arch = "wasm32")]
+    fn request_filter(req: &HostRequest) -> RequestAction {
+        handle_request::<P>(Request::from_host(req))
+    }
+
+    /// Natively there is no host to hand a request over; unit tests call
+    /// the plugin (or `handle_request`) with a `testing` request instead.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn request_filter(_req: &HostRequest) -> RequestAction {
+        ApiError::internal("the host's request exists only in wasm").into_action().into_wit()
     }
 
     fn response_filter(resp: Response) -> ResponseAction {
@@ -356,7 +384,8 @@ mod tests {
             if req.header("x-reject").is_some() {
                 return Err(ApiError::new(429, "slow_down", "too many"));
             }
-            Ok(Action::continue_())
+            req.set_response_header("x-request-seen", "1");
+            Ok(Action::Continue)
         }
 
         fn on_response(&self, _resp: &Response, seen: &mut Seen) -> HeaderEdits {
@@ -376,6 +405,8 @@ mod tests {
         assert!(error.contains("missing field `limit`"), "null counts as {{}}: {error}");
     }
 
+    // Only parsed, for its errors: the fields are never read.
+    #[allow(dead_code)]
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Nested {
@@ -459,13 +490,16 @@ mod tests {
         let response = Response { status: 200, headers: Vec::new() };
         // Two requests on one (reused) instance: the second starts afresh.
         for _ in 0..2 {
-            let action = Exports::request_filter(testing::chat_request("m", &serde_json::json!({})));
-            assert!(matches!(action, RequestAction::Continue(_)));
+            let req = testing::chat_request("m", &serde_json::json!({}));
+            assert_eq!(handle_request::<Recorder>(&req), RequestAction::Continue);
+            assert_eq!(req.response_header("x-request-seen").as_deref(), Some("1"), "the hook ran on this request");
             let ResponseAction::Continue(edits) = Exports::response_filter(response.clone());
             assert_eq!(edits.set_headers, vec![("x-seen".to_string(), "request,response".to_string())]);
         }
         let rejected = testing::request_with_headers("m", &[("x-reject", "1")]);
-        let RequestAction::Respond(direct) = Exports::request_filter(rejected) else { panic!("expected a response") };
+        let RequestAction::Respond(direct) = handle_request::<Recorder>(&rejected) else {
+            panic!("expected a response")
+        };
         assert_eq!(direct.status, 429);
         let body: serde_json::Value = serde_json::from_slice(&direct.body).unwrap();
         assert_eq!(body["error"]["code"], "slow_down");
@@ -476,7 +510,7 @@ mod tests {
     fn an_unconfigured_instance_answers_500_rather_than_trapping() {
         INSTANCE.set(None);
         let RequestAction::Respond(direct) =
-            Exported::<Recorder>::request_filter(testing::chat_request("m", &serde_json::json!({})))
+            handle_request::<Recorder>(&testing::chat_request("m", &serde_json::json!({})))
         else {
             panic!("expected a response")
         };

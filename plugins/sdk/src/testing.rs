@@ -1,8 +1,15 @@
-//! Builders for plugin unit tests.
+//! Requests for plugin unit tests, and what a hook did to them. Native only:
+//! the request is a stand-in for the host's, built on the gateway's own
+//! chat body code, so reads and edits behave as they will in the gateway.
+//!
+//! An edit the host would refuse (an invalid header, a splice past the end,
+//! `set_field("model")`) is recorded, and fails the test when the request
+//! is dropped unless the test took it with [`Request::take_invalid_edits`].
 
 use serde_json::Value;
 
 use crate::Request;
+use crate::native::NativeRequest;
 
 /// A `POST /v1/chat/completions` for `model` whose body is `body` with
 /// `model` set (a non-object `body` is sent as is).
@@ -22,12 +29,132 @@ pub fn request_with_headers(model: &str, headers: &[(&str, &str)]) -> Request {
 
 /// A chat completion request with any body bytes.
 pub fn raw_request(model: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Request {
-    Request {
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())).collect(),
-        body,
-        model: model.into(),
-        route: "default/chat".into(),
+    Request(NativeRequest::new("POST", "/v1/chat/completions", model, headers, body))
+}
+
+/// What tests look at, natively.
+impl Request {
+    /// The same request on another path, e.g. `/v1/embeddings`.
+    pub fn with_path(self, path: &str) -> Request {
+        self.0.with(|s| s.path = path.to_string());
+        self
+    }
+
+    /// The body now, as JSON; panics if it is not JSON.
+    pub fn body_json(&self) -> Value {
+        let body = self.body();
+        serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {}", String::from_utf8_lossy(&body)))
+    }
+
+    /// The body now, as text.
+    pub fn body_text(&self) -> String {
+        String::from_utf8_lossy(&self.body()).into_owned()
+    }
+
+    /// The headers set with `set_response_header`, in order.
+    pub fn response_headers(&self) -> Vec<(String, String)> {
+        self.0.with(|s| s.response_headers.clone())
+    }
+
+    /// The first response header `name` set, ignoring case.
+    pub fn response_header(&self, name: &str) -> Option<String> {
+        self.0.with(|s| s.response_headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone()))
+    }
+
+    /// The edits the host would have refused, failing the plugin; taking
+    /// them keeps the test from failing when the request is dropped.
+    pub fn take_invalid_edits(&self) -> Vec<String> {
+        self.0.with(|s| std::mem::take(&mut s.invalid_edits))
+    }
+
+    /// Whether any edit changed the body since the request was built or
+    /// its body last replaced.
+    pub fn body_edited(&self) -> bool {
+        self.0.with(|s| s.body.is_edited())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::HeaderList;
+    use crate::chat::{Content, Message};
+
+    #[test]
+    fn reads_and_edits_behave_as_the_host_does() {
+        let req = chat_request("m", &json!({"n": 1.0e5, "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(req.message_count().unwrap(), 1);
+        assert_eq!(req.field::<f64>("n").unwrap(), Some(100000.0));
+        assert_eq!(req.field_json("n").as_deref(), Some("100000.0"), "serde_json wrote it so");
+        req.splice_messages(0, 0, &[Message::system("s")]);
+        req.set_content(1, &Content::Text("HI".into()));
+        req.set_field("user", "u").unwrap();
+        req.remove_field("n");
+        assert!(req.body_edited());
+        assert_eq!(
+            req.body_text(),
+            r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"HI"}],"model":"m","user":"u"}"#
+        );
+    }
+
+    #[test]
+    fn headers_replace_every_value_and_responses_get_their_own() {
+        let req = request_with_headers("m", &[("X-A", "1"), ("x-a", "2"), ("b", "3")]);
+        assert_eq!(req.headers().get_all_headers("x-a").collect::<Vec<_>>(), ["1", "2"]);
+        req.set_header("X-A", "9");
+        req.remove_header("B");
+        req.set_response_header("X-R", "r");
+        assert_eq!(req.headers(), [("x-a".to_string(), "9".to_string())]);
+        assert_eq!(req.response_headers(), [("x-r".to_string(), "r".to_string())]);
+        assert_eq!(req.response_header("x-r").as_deref(), Some("r"));
+    }
+
+    #[test]
+    fn edits_the_host_refuses_are_recorded_and_fail_the_test_unless_taken() {
+        let req = chat_request("m", &json!({"messages": []}));
+        req.splice_messages(1, 0, &[]);
+        req.set_field("model", "other").unwrap();
+        req.set_header("bad name", "v");
+        req.set_response_header("x", "a\nb");
+        let invalid = req.take_invalid_edits();
+        assert_eq!(invalid.len(), 4, "{invalid:?}");
+        assert!(invalid[0].starts_with("splice-messages: messages 1..1 are past the end"), "{invalid:?}");
+        assert_eq!(req.body_json()["model"], "m");
+
+        let dropped = std::panic::catch_unwind(|| {
+            let req = chat_request("m", &json!({"messages": []}));
+            req.set_content(0, &Content::None);
+        });
+        let message = dropped.expect_err("an untaken invalid edit fails the test");
+        let message = message.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("set-content: message 0 is past the end"), "{message}");
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_chat_request_is_a_400() {
+        let req = raw_request("m", &[], b"not json".to_vec());
+        assert_eq!(req.messages().unwrap_err().code, "invalid_json");
+        let req = chat_request("m", &json!({"messages": 5}));
+        let error = req.message_count().unwrap_err();
+        assert_eq!((error.status, error.code.as_str()), (400, "invalid_chat_request"));
+        assert_eq!(error.message, "`messages` must be an array");
+        let req = chat_request("m", &json!({"messages": [{"role": "user", "content": 5}]}));
+        assert!(req.messages().unwrap_err().message.starts_with("messages[0]:"));
+    }
+
+    #[test]
+    fn paths() {
+        let req = chat_request("m", &json!({"messages": []}));
+        assert!(req.is_chat_completion());
+        let req = req.with_path("/v1/chat/completions?x=1");
+        assert!(req.is_chat_completion());
+        assert_eq!(req.path_only(), "/v1/chat/completions");
+        let req = req.with_path("/v1/embeddings");
+        assert!(!req.is_chat_completion());
+        let req = raw_request("m", &[], b"{not json".to_vec());
+        assert_eq!(req.json::<Value>().unwrap_err().code, "invalid_json");
     }
 }

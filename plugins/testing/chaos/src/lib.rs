@@ -34,7 +34,10 @@ impl Plugin for ChaosPlugin {
             Chaos::Trap => trap(),
             Chaos::Spin => spin(),
             Chaos::Grow => grow(),
-            Chaos::None => Ok(Edits::new().set_header("x-chaos-seen", "1").into()),
+            Chaos::None => {
+                req.set_header("x-chaos-seen", "1");
+                Ok(Action::Continue)
+            }
         }
     }
 }
@@ -49,7 +52,7 @@ enum Chaos {
 
 impl Chaos {
     fn requested_by(req: &Request) -> Chaos {
-        match req.header("x-chaos") {
+        match req.header("x-chaos").as_deref() {
             Some("trap") => Chaos::Trap,
             Some("spin") => Chaos::Spin,
             Some("grow") => Chaos::Grow,
@@ -113,8 +116,8 @@ mod tests {
 
     #[test]
     fn other_requests_pass_marked() {
-        let action =
-            ChaosPlugin.on_request(&sluice_plugin_sdk::testing::request_with_headers("m", &[]), &mut ()).unwrap();
-        assert_eq!(action.edits().unwrap().header("x-chaos-seen"), Some("1"));
+        let req = sluice_plugin_sdk::testing::request_with_headers("m", &[]);
+        assert_eq!(ChaosPlugin.on_request(&req, &mut ()), Ok(Action::Continue));
+        assert_eq!(req.header("x-chaos-seen").as_deref(), Some("1"));
     }
 }

@@ -21,8 +21,7 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::{count_tokens, log};
 use sluice::plugin::types::{
-    ChunkAction, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-    ResponseSummary,
+    ChunkAction, Hooks, LogLevel, Request, RequestAction, Response, ResponseAction, ResponseEdits, ResponseSummary,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -48,10 +47,9 @@ impl Guest for Hostile {
         Ok(hooks)
     }
 
-    fn request_filter(req: Request) -> RequestAction {
-        let attack = req.headers.iter().find(|(name, _)| name == "x-hostile").map(|(_, value)| value.as_str());
-        let mut seen = vec![("x-hostile-seen".to_string(), "1".to_string())];
-        match attack {
+    fn request_filter(req: &Request) -> RequestAction {
+        let attack = req.header("x-hostile");
+        match attack.as_deref() {
             Some("sleep") => std::thread::sleep(Duration::from_secs(30)),
             Some("forge") => log(
                 LogLevel::Warn,
@@ -65,15 +63,17 @@ impl Guest for Hostile {
             }
             Some("connect") => {
                 let result = std::net::TcpStream::connect("127.0.0.1:9").map(drop);
-                seen.push(("x-hostile-connect".into(), format!("{result:?}")));
+                req.set_header("x-hostile-connect", &format!("{result:?}"));
             }
             Some("count") => {
-                let text = String::from_utf8_lossy(&req.body);
-                seen.push(("x-hostile-tokens".into(), count_tokens(&req.model, &text).to_string()));
+                let body = req.body();
+                let text = String::from_utf8_lossy(&body);
+                req.set_header("x-hostile-tokens", &count_tokens(&req.model(), &text).to_string());
             }
             _ => {}
         }
-        RequestAction::Continue(RequestEdits { set_headers: seen, remove_headers: vec![], body: None })
+        req.set_header("x-hostile-seen", "1");
+        RequestAction::Continue
     }
 
     fn response_filter(_resp: Response) -> ResponseAction {

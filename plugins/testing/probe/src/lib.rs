@@ -23,8 +23,7 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::log;
 use sluice::plugin::types::{
-    ChunkAction, Hooks, LogLevel, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-    ResponseSummary,
+    ChunkAction, Hooks, LogLevel, Request, RequestAction, Response, ResponseAction, ResponseEdits, ResponseSummary,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -64,13 +63,13 @@ impl Guest for Probe {
         Ok(hooks)
     }
 
-    fn request_filter(req: Request) -> RequestAction {
-        if req.headers.iter().any(|(name, value)| name == "x-probe-trap" && value == "1") {
+    fn request_filter(req: &Request) -> RequestAction {
+        if req.headers().iter().any(|(name, value)| name == "x-probe-trap" && value == "1") {
             panic!("probe: trap requested");
         }
         SERVED.fetch_add(1, Ordering::Relaxed);
         CONTENT_CHUNKS.store(0, Ordering::Relaxed);
-        RequestAction::Continue(RequestEdits { set_headers: vec![], remove_headers: vec![], body: None })
+        RequestAction::Continue
     }
 
     fn response_filter(_resp: Response) -> ResponseAction {
@@ -120,7 +119,10 @@ impl Guest for Probe {
                 ("status".into(), summary.status.to_string()),
                 ("streamed".into(), summary.streamed.to_string()),
                 ("completed".into(), summary.completed.to_string()),
-                ("usage".into(), if usage.is_some() { format!("{prompt}/{completion}/{total}") } else { "none".into() }),
+                (
+                    "usage".into(),
+                    if usage.is_some() { format!("{prompt}/{completion}/{total}") } else { "none".into() },
+                ),
                 ("body_bytes".into(), summary.body_bytes.to_string()),
             ],
         );

@@ -1,0 +1,204 @@
+//! The host's `request` resource, natively: the same methods, on the
+//! gateway's own chat body code (`sluice-chat`), so a plugin's unit tests
+//! see what the host would do with its reads and edits.
+
+use std::cell::RefCell;
+
+use bytes::Bytes;
+use sluice_chat::ChatBody;
+
+use crate::chat::{Content, ContentPart, Message};
+
+pub struct NativeRequest {
+    state: RefCell<State>,
+}
+
+pub(crate) struct State {
+    pub method: String,
+    pub path: String,
+    pub model: String,
+    pub route: String,
+    pub headers: Vec<(String, String)>,
+    pub body: ChatBody,
+    pub response_headers: Vec<(String, String)>,
+    /// Edits the host could not apply: it would fail the plugin.
+    pub invalid_edits: Vec<String>,
+}
+
+impl NativeRequest {
+    pub(crate) fn new(method: &str, path: &str, model: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Self {
+        let state = State {
+            method: method.into(),
+            path: path.into(),
+            model: model.into(),
+            route: "default/chat".into(),
+            headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())).collect(),
+            body: ChatBody::new(Bytes::from(body)),
+            response_headers: Vec::new(),
+            invalid_edits: Vec::new(),
+        };
+        NativeRequest { state: RefCell::new(state) }
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut self.state.borrow_mut())
+    }
+
+    pub fn method(&self) -> String {
+        self.with(|s| s.method.clone())
+    }
+
+    pub fn path(&self) -> String {
+        self.with(|s| s.path.clone())
+    }
+
+    pub fn model(&self) -> String {
+        self.with(|s| s.model.clone())
+    }
+
+    pub fn route(&self) -> String {
+        self.with(|s| s.route.clone())
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.with(|s| s.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone()))
+    }
+
+    pub fn headers(&self) -> Vec<(String, String)> {
+        self.with(|s| s.headers.clone())
+    }
+
+    pub fn set_header(&self, name: &str, value: &str) {
+        self.with(|s| match check_header(name, value) {
+            Ok(()) => set(&mut s.headers, name, value),
+            Err(error) => s.invalid_edits.push(format!("set-header: {error}")),
+        })
+    }
+
+    pub fn remove_header(&self, name: &str) {
+        self.with(|s| s.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name)))
+    }
+
+    pub fn set_response_header(&self, name: &str, value: &str) {
+        self.with(|s| match check_header(name, value) {
+            Ok(()) => set(&mut s.response_headers, name, value),
+            Err(error) => s.invalid_edits.push(format!("set-response-header: {error}")),
+        })
+    }
+
+    pub fn body(&self) -> Vec<u8> {
+        self.with(|s| s.body.bytes().to_vec())
+    }
+
+    pub fn set_body(&self, body: &[u8]) {
+        self.with(|s| s.body.set_bytes(Bytes::copy_from_slice(body)))
+    }
+
+    pub fn messages(&self) -> Result<Vec<Message>, String> {
+        self.with(|s| s.body.messages()).map(|messages| messages.into_iter().map(from_chat).collect())
+    }
+
+    pub fn message_count(&self) -> Result<u32, String> {
+        self.with(|s| s.body.message_count())
+    }
+
+    pub fn splice_messages(&self, start: u32, delete: u32, insert: &[Message]) {
+        let insert = insert.iter().map(to_chat).collect();
+        self.with(|s| {
+            if let Err(error) = s.body.splice_messages(start, delete, insert) {
+                s.invalid_edits.push(format!("splice-messages: {error}"));
+            }
+        })
+    }
+
+    pub fn set_content(&self, index: u32, content: &Content) {
+        self.with(|s| {
+            if let Err(error) = s.body.set_content(index, to_chat_content(content)) {
+                s.invalid_edits.push(format!("set-content: {error}"));
+            }
+        })
+    }
+
+    pub fn field(&self, name: &str) -> Option<String> {
+        self.with(|s| s.body.field(name))
+    }
+
+    pub fn set_field(&self, name: &str, value: Option<&str>) {
+        self.with(|s| {
+            if let Err(error) = s.body.set_field(name, value.map(str::to_string)) {
+                s.invalid_edits.push(format!("set-field: {error}"));
+            }
+        })
+    }
+}
+
+impl Drop for NativeRequest {
+    /// A test that made an edit the host would refuse fails here, unless it
+    /// took the record with `Request::take_invalid_edits`.
+    fn drop(&mut self) {
+        let invalid = std::mem::take(&mut self.state.get_mut().invalid_edits);
+        if !invalid.is_empty() && !std::thread::panicking() {
+            panic!("the host would fail this plugin for edits it cannot apply: {invalid:?}");
+        }
+    }
+}
+
+/// Replaces every value of `name` (any case) with `value`.
+fn set(headers: &mut Vec<(String, String)>, name: &str, value: &str) {
+    headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    headers.push((name.to_ascii_lowercase(), value.to_string()));
+}
+
+/// What HTTP can carry: a token (RFC 9110) for the name, and a value
+/// without control characters other than tab.
+fn check_header(name: &str, value: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(format!("{name:?} is not a valid header name"));
+    }
+    if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
+        return Err(format!("the value of {name} has control characters"));
+    }
+    Ok(())
+}
+
+fn from_chat(message: sluice_chat::Message) -> Message {
+    let content = match message.content {
+        sluice_chat::Content::None => Content::None,
+        sluice_chat::Content::Text(text) => Content::Text(text),
+        sluice_chat::Content::Parts(parts) => Content::Parts(
+            parts
+                .into_iter()
+                .map(|part| match part {
+                    sluice_chat::Part::Text(text) => ContentPart::Text(text),
+                    sluice_chat::Part::Other(json) => ContentPart::Other(json),
+                })
+                .collect(),
+        ),
+    };
+    Message { role: message.role, content, extra: message.extra }
+}
+
+fn to_chat(message: &Message) -> sluice_chat::Message {
+    sluice_chat::Message {
+        role: message.role.clone(),
+        content: to_chat_content(&message.content),
+        extra: message.extra.clone(),
+    }
+}
+
+fn to_chat_content(content: &Content) -> sluice_chat::Content {
+    match content {
+        Content::None => sluice_chat::Content::None,
+        Content::Text(text) => sluice_chat::Content::Text(text.clone()),
+        Content::Parts(parts) => sluice_chat::Content::Parts(
+            parts
+                .iter()
+                .map(|part| match part {
+                    ContentPart::Text(text) => sluice_chat::Part::Text(text.clone()),
+                    ContentPart::Other(json) => sluice_chat::Part::Other(json.clone()),
+                })
+                .collect(),
+        ),
+    }
+}
