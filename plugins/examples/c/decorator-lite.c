@@ -1,8 +1,11 @@
-// decorator-lite in C: prepends a system message, sets a request header, and
-// marks the response with `x-decorated-by: c`. JSON is tokenized with jsmn
-// (Debian's libjsmn-dev, header-only); the body is edited by splicing the
-// new message into the original bytes, so everything else stays as sent.
-// Build: make (see the Makefile).
+// decorator-lite in C: sets a request header, prepends a system message, and
+// marks the response with `x-decorated-by: c`. The request is the host's:
+// the plugin edits it through its methods (sluice_plugin_types_method_request_*)
+// and never parses the body. Only the config is JSON, tokenized with jsmn
+// (Debian's libjsmn-dev, header-only). It declares only the `request` hook,
+// so the host keeps no instance across the upstream call.
+// Build: make (see the Makefile; the bindings drop the borrowed request
+// handle on return, `--autodrop-borrows yes`).
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,28 +17,8 @@
 
 #include "plugin.h"
 
-// A growing NUL-terminated string. Nothing here uses stdio, so the
-// component needs no WASI at all.
-typedef struct {
-  char *ptr;
-  size_t len;
-} buf_t;
-
-static void append(buf_t *buf, const char *text, size_t len) {
-  buf->ptr = realloc(buf->ptr, buf->len + len + 1);
-  memcpy(buf->ptr + buf->len, text, len);
-  buf->len += len;
-  buf->ptr[buf->len] = '\0';
-}
-
-static void append_str(buf_t *buf, const char *text) {
-  append(buf, text, strlen(text));
-}
-
 // Set by `configure`, which the host calls first on every instance.
-static char *system_json; // the "system" string as JSON text, quotes included
-static char *header_name;
-static char *header_value;
+static plugin_string_t system_text, header_name, header_value;
 
 // A parsed JSON document: its text and tokens. Token 0 is the root.
 typedef struct {
@@ -85,10 +68,10 @@ static unsigned hex4(const char *digits) {
   return strtoul(hex, NULL, 16);
 }
 
-// The value of string token `i`, unescaped, as a new NUL-terminated string.
-static char *json_string(const json_t *doc, int i) {
+// The value of string token `i`, unescaped, in new memory.
+static plugin_string_t json_string(const json_t *doc, int i) {
   const char *in = doc->text + doc->tokens[i].start, *end = doc->text + doc->tokens[i].end;
-  char *result = malloc(end - in + 1), *out = result;
+  char *result = malloc(end - in), *out = result;
   while (in < end) {
     if (*in != '\\') {
       *out++ = *in++;
@@ -114,28 +97,30 @@ static char *json_string(const json_t *doc, int i) {
         in += 6;
       }
     }
+    if (c >= 0xd800 && c < 0xe000) c = 0xfffd;  // a lone surrogate is not UTF-8
     out = put_utf8(out, c);
   }
-  *out = '\0';
-  return result;
+  return (plugin_string_t){(uint8_t *)result, out - result};
 }
 
 // The token index of top-level field `name` of the root object, or -1.
 static int json_field(const json_t *doc, const char *name) {
   for (int i = 1; i + 1 < doc->count; i++) {
     if (doc->tokens[i].parent != 0) continue;  // keys are the root's children
-    char *key = json_string(doc, i);
-    bool found = strcmp(key, name) == 0;
-    free(key);
+    plugin_string_t key = json_string(doc, i);
+    bool found = key.len == strlen(name) && memcmp(key.ptr, name, key.len) == 0;
+    plugin_string_free(&key);
     if (found) return i + 1;
   }
   return -1;
 }
 
-// The string field `name`, or NULL if it is missing or not a string.
-static char *json_string_field(const json_t *doc, const char *name) {
+// Sets `out` to string field `name`; false if it is missing or not a string.
+static bool json_string_field(const json_t *doc, const char *name, plugin_string_t *out) {
   int i = json_field(doc, name);
-  return i >= 0 && doc->tokens[i].type == JSMN_STRING ? json_string(doc, i) : NULL;
+  if (i < 0 || doc->tokens[i].type != JSMN_STRING) return false;
+  *out = json_string(doc, i);
+  return true;
 }
 
 bool exports_sluice_plugin_filter_configure(plugin_string_t *config, exports_sluice_plugin_filter_hooks_t *ret,
@@ -148,100 +133,75 @@ bool exports_sluice_plugin_filter_configure(plugin_string_t *config, exports_slu
     return false;
   }
   const char *missing = NULL;
-  int system = json_field(&doc, "system");
-  if (system < 0 || doc.tokens[system].type != JSMN_STRING) {
+  if (!json_string_field(&doc, "system", &system_text)) {
     missing = "system";
-  } else if (!(header_name = json_string_field(&doc, "header"))) {
+  } else if (!json_string_field(&doc, "header", &header_name)) {
     missing = "header";
-  } else if (!(header_value = json_string_field(&doc, "value"))) {
+  } else if (!json_string_field(&doc, "value", &header_value)) {
     missing = "value";
-  } else {
-    // Keep "system" as JSON text, quotes included: it goes back into a body.
-    const jsmntok_t *token = &doc.tokens[system];
-    buf_t json = {0};
-    append(&json, doc.text + token->start - 1, token->end - token->start + 2);
-    system_json = json.ptr;
   }
   free(doc.tokens);
   plugin_string_free(config);
   if (missing) {
-    buf_t message = {0};
-    append_str(&message, "decorator-lite: the config needs a string \"");
-    append_str(&message, missing);
-    append_str(&message, "\"");
-    *err = (plugin_string_t){(uint8_t *)message.ptr, message.len};
+    char message[64] = "decorator-lite: the config needs a string \"";
+    strcat(strcat(message, missing), "\"");
+    plugin_string_dup(err, message);
     return false;
   }
-  *ret = SLUICE_PLUGIN_TYPES_HOOKS_REQUEST | SLUICE_PLUGIN_TYPES_HOOKS_RESPONSE_HEAD;
+  *ret = SLUICE_PLUGIN_TYPES_HOOKS_REQUEST;
   return true;
 }
 
-// One header, as a list the host frees after the call.
-static sluice_plugin_types_headers_t one_header(const char *name, const char *value) {
+// A 400 with an OpenAI-shaped error. The host frees the lists after the call.
+static void bad_request(exports_sluice_plugin_filter_request_action_t *ret) {
+  static const char body[] =
+      "{\"error\":{\"message\":\"decorator-lite: the request body needs a \\\"messages\\\" array\","
+      "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_messages\"}}";
   sluice_plugin_types_headers_t headers = {malloc(sizeof(plugin_tuple2_string_string_t)), 1};
-  plugin_string_dup(&headers.ptr[0].f0, name);
-  plugin_string_dup(&headers.ptr[0].f1, value);
-  return headers;
-}
-
-// A 400 with an OpenAI-shaped error; `message` is JSON-escaped already.
-static void bad_request(exports_sluice_plugin_filter_request_action_t *ret, const char *message) {
-  buf_t body = {0};
-  append_str(&body, "{\"error\":{\"message\":\"");
-  append_str(&body, message);
-  append_str(&body, "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_messages\"}}");
+  plugin_string_dup(&headers.ptr[0].f0, "content-type");
+  plugin_string_dup(&headers.ptr[0].f1, "application/json");
+  plugin_list_u8_t bytes = {malloc(sizeof body - 1), sizeof body - 1};
+  memcpy(bytes.ptr, body, bytes.len);
   ret->tag = SLUICE_PLUGIN_TYPES_REQUEST_ACTION_RESPOND;
-  ret->val.respond = (sluice_plugin_types_direct_response_t){
-      .status = 400,
-      .headers = one_header("content-type", "application/json"),
-      .body = {(uint8_t *)body.ptr, body.len},
-  };
+  ret->val.respond = (sluice_plugin_types_direct_response_t){.status = 400, .headers = headers, .body = bytes};
 }
 
-void exports_sluice_plugin_filter_request_filter(exports_sluice_plugin_filter_request_t *req,
+// Arguments to the request's methods are only read during the call: they
+// point at static or config strings, nothing is copied or freed.
+void exports_sluice_plugin_filter_request_filter(exports_sluice_plugin_filter_borrow_request_t req,
                                                  exports_sluice_plugin_filter_request_action_t *ret) {
-  const char *text = (const char *)req->body.ptr;
-  json_t doc;
-  int messages = -1;
-  if (json_parse_object(&doc, text, req->body.len)) {
-    messages = json_field(&doc, "messages");
-    if (messages >= 0 && doc.tokens[messages].type != JSMN_ARRAY) messages = -1;
-  }
-  if (messages < 0) {
-    bad_request(ret, "decorator-lite: the request body needs a \\\"messages\\\" array");
-    sluice_plugin_types_request_free(req);
+  // Counting is the cheap way to ask whether the body is a chat request.
+  uint32_t count;
+  plugin_string_t why;
+  if (!sluice_plugin_types_method_request_message_count(req, &count, &why)) {
+    plugin_string_free(&why);
+    bad_request(ret);
     return;
   }
-  // Splice the system message in right after the array's `[`.
-  size_t at = doc.tokens[messages].start + 1;
-  buf_t body = {0};
-  append(&body, text, at);
-  append_str(&body, "{\"role\":\"system\",\"content\":");
-  append_str(&body, system_json);
-  append_str(&body, doc.tokens[messages].size > 0 ? "}," : "}");
-  append(&body, text + at, req->body.len - at);
-  free(doc.tokens);
-  sluice_plugin_types_request_free(req);
+  sluice_plugin_types_method_request_set_header(req, &header_name, &header_value);
 
+  sluice_plugin_types_message_t system = {.content.tag = SLUICE_PLUGIN_TYPES_CONTENT_TEXT};
+  plugin_string_set(&system.role, "system");
+  system.content.val.text = system_text;
+  plugin_string_set(&system.extra, "{}");
+  sluice_plugin_types_list_message_t insert = {&system, 1};
+  sluice_plugin_types_method_request_splice_messages(req, 0, 0, &insert);
+
+  plugin_string_t name, value;
+  plugin_string_set(&name, "x-decorated-by");
+  plugin_string_set(&value, "c");
+  sluice_plugin_types_method_request_set_response_header(req, &name, &value);
   ret->tag = SLUICE_PLUGIN_TYPES_REQUEST_ACTION_CONTINUE;
-  ret->val.continue_ = (sluice_plugin_types_request_edits_t){
-      .set_headers = one_header(header_name, header_value),
-      .remove_headers = {NULL, 0},
-      .body = {.is_some = true, .val = {(uint8_t *)body.ptr, body.len}},
-  };
 }
 
+// Hooks not declared by `configure`: the host never calls them.
 void exports_sluice_plugin_filter_response_filter(exports_sluice_plugin_filter_response_t *resp,
                                                   exports_sluice_plugin_filter_response_action_t *ret) {
   sluice_plugin_types_response_free(resp);
   ret->tag = SLUICE_PLUGIN_TYPES_RESPONSE_ACTION_CONTINUE;
-  ret->val.continue_ = (sluice_plugin_types_response_edits_t){
-      .set_headers = one_header("x-decorated-by", "c"),
-      .remove_headers = {NULL, 0},
-  };
+  ret->val.continue_ = (sluice_plugin_types_response_edits_t){{NULL, 0}, {NULL, 0}};
 }
 
-// Hooks not declared by `configure`: the host never calls them.
 void exports_sluice_plugin_filter_response_chunk(plugin_string_t *data, exports_sluice_plugin_filter_chunk_action_t *ret) {
   plugin_string_free(data);
   ret->tag = SLUICE_PLUGIN_TYPES_CHUNK_ACTION_PASS;

@@ -1,12 +1,12 @@
-// decorator-lite in JavaScript: prepends a system message, sets a request
-// header, and marks the response with `x-decorated-by: javascript`.
+// decorator-lite in JavaScript: sets a request header, prepends a system
+// message, and marks the response with `x-decorated-by: javascript`. The
+// request is the host's: the plugin edits it through its methods (camelCase,
+// an `err` result is thrown) and never parses the body. It declares only the
+// `request` hook, so the host keeps no instance across the upstream call.
 // Build: npm ci && node build.mjs OUT.wasm
 
 // Set by `configure`, which the host calls first on every instance.
 let config;
-
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
 function parseJson(text) {
   try {
@@ -34,7 +34,7 @@ function badRequest(message) {
     val: {
       status: 400,
       headers: [["content-type", "application/json"]],
-      body: encoder.encode(JSON.stringify({ error })),
+      body: new TextEncoder().encode(JSON.stringify({ error })),
     },
   };
 }
@@ -51,30 +51,26 @@ export const filter = {
       }
     }
     config = parsed;
-    return { request: true, responseHead: true };
+    return { request: true };
   },
 
   requestFilter(req) {
-    const body = parseJson(decoder.decode(req.body));
-    if (!isObject(body) || !Array.isArray(body.messages)) {
+    // Counting is the cheap way to ask whether the body is a chat request.
+    try {
+      req.messageCount();
+    } catch {
       return badRequest('decorator-lite: the request body needs a "messages" array');
     }
-    body.messages.unshift({ role: "system", content: config.system });
-    return {
-      tag: "continue",
-      val: {
-        setHeaders: [[config.header, config.value]],
-        removeHeaders: [],
-        body: encoder.encode(JSON.stringify(body)),
-      },
-    };
-  },
-
-  responseFilter(_resp) {
-    return { tag: "continue", val: { setHeaders: [["x-decorated-by", "javascript"]], removeHeaders: [] } };
+    req.setHeader(config.header, config.value);
+    req.spliceMessages(0, 0, [{ role: "system", content: { tag: "text", val: config.system }, extra: "{}" }]);
+    req.setResponseHeader("x-decorated-by", "javascript");
+    return { tag: "continue" };
   },
 
   // Hooks not declared by `configure`: the host never calls them.
+  responseFilter(_resp) {
+    return { tag: "continue", val: { setHeaders: [], removeHeaders: [] } };
+  },
   responseChunk(_data) {
     return { tag: "pass" };
   },

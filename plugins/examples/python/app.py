@@ -1,5 +1,8 @@
-"""decorator-lite in Python: prepends a system message, sets a request header,
-and marks the response with `x-decorated-by: python`.
+"""decorator-lite in Python: sets a request header, prepends a system message,
+and marks the response with `x-decorated-by: python`. The request is the
+host's: the plugin edits it through its methods and never parses the body.
+It declares only the `request` hook, so the host keeps no instance across
+the upstream call.
 
 Build: componentize-py -d ../../../wit -w plugin componentize --stub-wasi app -o decorator-lite.wasm
 """
@@ -12,13 +15,14 @@ from wit_world import exports
 from wit_world.imports.types import (
     ChunkAction,
     ChunkAction_Pass,
+    Content_Text,
     DirectResponse,
     Hooks,
+    Message,
     Request,
     RequestAction,
     RequestAction_Continue,
     RequestAction_Respond,
-    RequestEdits,
     Response,
     ResponseAction,
     ResponseAction_Continue,
@@ -49,23 +53,23 @@ class Filter(exports.Filter):
             if not isinstance(parsed.get(field), str):
                 raise Err(f'decorator-lite: the config needs a string "{field}"')
         config = parsed
-        return Hooks.REQUEST | Hooks.RESPONSE_HEAD
+        return Hooks.REQUEST
 
     def request_filter(self, req: Request) -> RequestAction:
+        # Counting is the cheap way to ask whether the body is a chat request.
         try:
-            body = json.loads(req.body)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            req.message_count()
+        except Err:
             return bad_request('decorator-lite: the request body needs a "messages" array')
-        body["messages"].insert(0, {"role": "system", "content": config["system"]})
-        edits = RequestEdits([(config["header"], config["value"])], [], json.dumps(body).encode())
-        return RequestAction_Continue(edits)
-
-    def response_filter(self, resp: Response) -> ResponseAction:
-        return ResponseAction_Continue(ResponseEdits([("x-decorated-by", "python")], []))
+        req.set_header(config["header"], config["value"])
+        req.splice_messages(0, 0, [Message("system", Content_Text(config["system"]), "{}")])
+        req.set_response_header("x-decorated-by", "python")
+        return RequestAction_Continue()
 
     # Hooks not declared by `configure`: the host never calls them.
+    def response_filter(self, resp: Response) -> ResponseAction:
+        return ResponseAction_Continue(ResponseEdits([], []))
+
     def response_chunk(self, data: str) -> ChunkAction:
         return ChunkAction_Pass()
 

@@ -1,5 +1,8 @@
-//! decorator-lite in Rust: prepends a system message, sets a request header,
-//! and marks the response with `x-decorated-by: rust`.
+//! decorator-lite in Rust: sets a request header, prepends a system message,
+//! and marks the response with `x-decorated-by: rust`. The request is the
+//! host's: the plugin edits it through its methods and never sees the body's
+//! JSON. It declares only the `request` hook, so the host keeps no instance
+//! across the upstream call.
 
 use std::sync::OnceLock;
 
@@ -9,8 +12,8 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::types::{
-    ChunkAction, DirectResponse, Hooks, Request, RequestAction, RequestEdits, Response, ResponseAction, ResponseEdits,
-    ResponseSummary,
+    ChunkAction, Content, DirectResponse, Hooks, Message, Request, RequestAction, Response, ResponseAction,
+    ResponseEdits, ResponseSummary,
 };
 
 struct Config {
@@ -48,29 +51,28 @@ impl Guest for DecoratorLite {
     fn configure(config: String) -> Result<Hooks, String> {
         // An instance is configured once; a second call keeps the first config.
         let _ = CONFIG.set(parse_config(&config)?);
-        Ok(Hooks::REQUEST | Hooks::RESPONSE_HEAD)
+        Ok(Hooks::REQUEST)
     }
 
-    fn request_filter(req: Request) -> RequestAction {
+    fn request_filter(req: &Request) -> RequestAction {
         let config = CONFIG.get().expect("configure runs first");
-        let mut body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-        let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
+        // Counting is the cheap way to ask whether the body is a chat request.
+        if req.message_count().is_err() {
             return bad_request(r#"decorator-lite: the request body needs a "messages" array"#);
-        };
-        messages.insert(0, json!({"role": "system", "content": config.system}));
-        RequestAction::Continue(RequestEdits {
-            set_headers: vec![(config.header.clone(), config.value.clone())],
-            remove_headers: Vec::new(),
-            body: Some(body.to_string().into_bytes()),
-        })
-    }
-
-    fn response_filter(_resp: Response) -> ResponseAction {
-        let set_headers = vec![("x-decorated-by".into(), "rust".into())];
-        ResponseAction::Continue(ResponseEdits { set_headers, remove_headers: Vec::new() })
+        }
+        req.set_header(&config.header, &config.value);
+        let content = Content::Text(config.system.clone());
+        let system = Message { role: "system".into(), content, extra: "{}".into() };
+        req.splice_messages(0, 0, &[system]);
+        req.set_response_header("x-decorated-by", "rust");
+        RequestAction::Continue
     }
 
     // Hooks not declared by `configure`: the host never calls them.
+    fn response_filter(_resp: Response) -> ResponseAction {
+        ResponseAction::Continue(ResponseEdits { set_headers: Vec::new(), remove_headers: Vec::new() })
+    }
+
     fn response_chunk(_data: String) -> ChunkAction {
         ChunkAction::Pass
     }
