@@ -36,6 +36,8 @@ pub struct Tools {
     pub litellm: PathBuf,
     pub proxy_wasm_filter: PathBuf,
     pub plugins_dist: PathBuf,
+    /// Plugins as built for `sluice:plugin@0.2.0`.
+    pub plugins_v02: PathBuf,
     /// Sluice's compiled-plugin cache, kept across runs.
     pub sluice_cache: PathBuf,
     /// (tool, version) for the results.
@@ -75,6 +77,8 @@ pub fn prepare() -> Result<Tools> {
         litellm,
         proxy_wasm_filter,
         plugins_dist: fs::canonicalize("plugins/dist").context("plugins/dist is missing")?,
+        plugins_v02: fs::canonicalize("tests/fixtures/plugins-v0.2")
+            .context("tests/fixtures/plugins-v0.2 is missing")?,
         sluice_cache,
         versions,
     })

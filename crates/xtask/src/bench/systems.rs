@@ -71,13 +71,22 @@ pub struct Work {
 }
 
 const PROXY: Work = Work { decorates: false, authenticates: false };
-const DECORATE: Work = Work { decorates: true, authenticates: false };
+const DECORATES: Work = Work { decorates: true, authenticates: false };
 const CHAIN: Work = Work { decorates: false, authenticates: true };
 
 /// Plugins instantiated fresh for every request (the default), or reused
 /// across requests (`isolation: Reused`), as proxy-wasm hosts do.
 const PER_REQUEST: &[(&str, &str)] = &[("ISOLATION", "PerRequest")];
 const REUSED: &[(&str, &str)] = &[("ISOLATION", "Reused")];
+
+/// add-header and prompt-decorator as built now, or as built against
+/// `sluice:plugin@0.2.0` (tests/fixtures/plugins-v0.2): each parsed and
+/// rewrote the JSON body itself. A value naming another placeholder is
+/// filled in by it, as extras come first.
+const DECORATE: &[(&str, &str)] = &[("ISOLATION", "PerRequest"), ("DECORATE_DIST", "${PLUGINS_DIST}")];
+const DECORATE_REUSED: &[(&str, &str)] = &[("ISOLATION", "Reused"), ("DECORATE_DIST", "${PLUGINS_DIST}")];
+const DECORATE_V02: &[(&str, &str)] = &[("ISOLATION", "PerRequest"), ("DECORATE_DIST", "${PLUGINS_V02}")];
+const DECORATE_V02_REUSED: &[(&str, &str)] = &[("ISOLATION", "Reused"), ("DECORATE_DIST", "${PLUGINS_V02}")];
 
 /// The decorator-lite example (plugins/examples) in one language and one
 /// isolation mode.
@@ -95,7 +104,7 @@ macro_rules! lite {
                 "tests/bench/sluice/decorator-lite.yaml.tmpl",
                 &[("EXAMPLE", $wasm), ("ISOLATION", $isolation)],
             ),
-            work: DECORATE,
+            work: DECORATES,
         }
     };
 }
@@ -112,14 +121,27 @@ pub const SYSTEMS: &[System] = &[
         name: "sluice-decorate",
         about: "Sluice doing the filter's work with first-party plugins: add-header + prompt-decorator \
                 (prompt-decorator cannot set headers), a fresh instance per request",
-        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", PER_REQUEST),
-        work: DECORATE,
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", DECORATE),
+        work: DECORATES,
     },
     System {
         name: "sluice-decorate-reused",
         about: "`sluice-decorate` with `isolation: Reused`",
-        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", REUSED),
-        work: DECORATE,
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_REUSED),
+        work: DECORATES,
+    },
+    System {
+        name: "sluice-decorate-v02",
+        about: "`sluice-decorate` with the plugins as built for sluice:plugin@0.2.0, which parse and rewrite \
+                the body themselves (tests/fixtures/plugins-v0.2)",
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_V02),
+        work: DECORATES,
+    },
+    System {
+        name: "sluice-decorate-v02-reused",
+        about: "`sluice-decorate-v02` with `isolation: Reused`",
+        kind: Kind::Sluice("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_V02_REUSED),
+        work: DECORATES,
     },
     System {
         name: "sluice-chain",
@@ -151,7 +173,7 @@ pub const SYSTEMS: &[System] = &[
         name: RATIO_BASE,
         about: "Envoy + the Rust proxy-wasm filter of tests/bench/proxy-wasm-filter (V8), --concurrency 2",
         kind: Kind::Envoy("tests/bench/envoy/proxy-wasm.yaml.tmpl"),
-        work: DECORATE,
+        work: DECORATES,
     },
     System {
         name: "nginx",
@@ -163,7 +185,7 @@ pub const SYSTEMS: &[System] = &[
         name: "litellm",
         about: "LiteLLM proxy (Python, one uvicorn worker) doing the filter's work in an `async_pre_call_hook`",
         kind: Kind::Litellm("tests/bench/litellm/config.yaml.tmpl"),
-        work: DECORATE,
+        work: DECORATES,
     },
 ];
 
@@ -255,6 +277,7 @@ impl System {
                 fs::create_dir(&config_dir)?;
                 values.extend(extra.iter().map(|(name, value)| (*name, (*value).to_owned())));
                 values.push(("PLUGINS_DIST", tools.plugins_dist.display().to_string()));
+                values.push(("PLUGINS_V02", tools.plugins_v02.display().to_string()));
                 values.push(("API_KEY_SHA256", hex::encode(Sha256::digest(API_KEY))));
                 render(template, &config_dir.join("bench.yaml"), &values)?;
                 if routes > 1 {
