@@ -21,6 +21,14 @@ const HOP_BY_HOP: &[&str] = &[
 /// upstream connection). Edits to them are ignored.
 const NOT_EDITABLE: &[&str] = &["content-length", "host"];
 
+/// The most headers, and header bytes (names and values), a plugin's edits
+/// may leave on a request or response; edits that stay within them, or
+/// shrink what the client sent, are applied. Without a bound a plugin could
+/// grow the host's copy without limit, or past what a `HeaderMap` holds
+/// (32 768 entries, after which it panics).
+pub const MAX_HEADERS: usize = 512;
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 fn editable(name: &HeaderName) -> bool {
     !HOP_BY_HOP.contains(&name.as_str()) && !NOT_EDITABLE.contains(&name.as_str())
 }
@@ -88,6 +96,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
         .collect::<Result<Vec<_>, _>>()?;
     let mut fresh = HeaderMap::new();
     for (name, value) in set {
+        if fresh.len() >= MAX_HEADERS {
+            return Err(format!("it set more than {MAX_HEADERS} headers"));
+        }
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
         let value = HeaderValue::from_str(value).map_err(|_| format!("invalid value for header `{name}`"))?;
         if !editable(&name) {
@@ -97,7 +108,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
         // Several values of one name in one edit are all kept.
         fresh.append(name, value);
     }
-    for name in removed.into_iter().filter(editable) {
+    let removed: Vec<HeaderName> = removed.into_iter().filter(editable).collect();
+    check_size(headers, &removed, &fresh)?;
+    for name in removed {
         headers.remove(name);
     }
     for name in fresh.keys() {
@@ -106,6 +119,33 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
     // By reference: the owned iterator names each header only once.
     for (name, value) in &fresh {
         headers.append(name, value.clone());
+    }
+    Ok(())
+}
+
+/// Refuses edits that would leave more than [`MAX_HEADERS`] headers or
+/// [`MAX_HEADER_BYTES`], unless they leave less than there was.
+fn check_size(headers: &HeaderMap, removed: &[HeaderName], fresh: &HeaderMap) -> Result<(), String> {
+    let size = |name: &HeaderName, value: &HeaderValue| name.as_str().len() + value.len();
+    let (count, bytes) = (headers.len(), headers.iter().map(|(n, v)| size(n, v)).sum::<usize>());
+    let mut dropped = (0, 0);
+    let mut seen = Vec::new();
+    for name in removed.iter().chain(fresh.keys()) {
+        if seen.contains(&name) {
+            continue;
+        }
+        seen.push(name);
+        for value in headers.get_all(name) {
+            dropped = (dropped.0 + 1, dropped.1 + size(name, value));
+        }
+    }
+    let added = (fresh.len(), fresh.iter().map(|(n, v)| size(n, v)).sum::<usize>());
+    let after = (count - dropped.0 + added.0, bytes - dropped.1 + added.1);
+    if after.0 > MAX_HEADERS && after.0 > count {
+        return Err(format!("it would leave {} headers, more than {MAX_HEADERS}", after.0));
+    }
+    if after.1 > MAX_HEADER_BYTES && after.1 > bytes {
+        return Err(format!("it would leave {} bytes of headers, more than {MAX_HEADER_BYTES}", after.1));
     }
     Ok(())
 }
@@ -184,5 +224,24 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert!(apply_edits(&mut headers, &[("bad name".into(), "v".into())], &[]).is_err());
         assert!(apply_edits(&mut headers, &[("x-ok".into(), "line\nbreak".into())], &[]).is_err());
+    }
+
+    #[test]
+    fn edits_may_not_grow_headers_past_the_bounds_but_may_shrink_them() {
+        let mut headers = HeaderMap::new();
+        let many: Vec<(String, String)> = (0..MAX_HEADERS).map(|i| (format!("x-{i}"), "v".into())).collect();
+        apply_edits(&mut headers, &many, &[]).unwrap();
+        let error = apply_edits(&mut headers, &[("x-one-more".into(), "v".into())], &[]).unwrap_err();
+        assert!(error.contains("more than 512"), "{error}");
+        assert_eq!(headers.len(), MAX_HEADERS, "a refused edit changes nothing");
+        // Replacing one keeps the count; removing is always allowed.
+        apply_edits(&mut headers, &[("x-0".into(), "w".into())], &[]).unwrap();
+        apply_edits(&mut headers, &[], &["x-1".into()]).unwrap();
+        assert_eq!(headers.len(), MAX_HEADERS - 1);
+
+        let mut headers = HeaderMap::new();
+        let big = "v".repeat(MAX_HEADER_BYTES);
+        assert!(apply_edits(&mut headers, &[("x-big".into(), big)], &[]).is_err());
+        assert!(headers.is_empty());
     }
 }

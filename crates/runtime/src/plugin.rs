@@ -438,6 +438,35 @@ mod tests {
         assert_eq!(counted.headers.get("x-hostile-tokens").unwrap(), "2", "{:?}", counted.headers);
     }
 
+    /// A plugin cannot grow the host's copy of the request without bound:
+    /// header edits past `MAX_HEADERS` (or past what a `HeaderMap` holds,
+    /// where it panics) or `MAX_HEADER_BYTES`, and body edits past the body
+    /// limit, fail the plugin, and the edits after the first refused one are
+    /// not made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plugin_cannot_grow_the_request_without_bound() {
+        use crate::headers::{MAX_HEADER_BYTES, MAX_HEADERS};
+        let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
+        let plugin = configured(&runtime, "hostile", json!({}), 10_000).await;
+        let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+        for attack in ["headers", "response-headers", "big-header", "grow"] {
+            let mut sent = request(&[("x-hostile", attack)], body.into());
+            sent.max_body_bytes = 4 << 20;
+            let result = plugin.instance().await.unwrap().request_filter(&mut sent).await;
+            assert!(matches!(&result, Err(PluginError::InvalidEdit(_))), "{attack}: {result:?}");
+            for headers in [&sent.headers, &sent.response_headers] {
+                let bytes: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len()).sum();
+                assert!(
+                    headers.len() <= MAX_HEADERS && bytes <= MAX_HEADER_BYTES,
+                    "{attack}: {} headers",
+                    headers.len()
+                );
+            }
+            // One 1 MiB message past the limit at most: then edits stop.
+            assert!(sent.body.len() <= (4 << 20) + (1 << 20) + 64, "{attack}: the body grew to {}", sent.body.len());
+        }
+    }
+
     /// The epoch ticker parks while no guest runs; a guest called after
     /// that still ends at its deadline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! The request a route's plugins see and edit, one after another: in 0.3 a
 //! handle (`resource request`) to this value, in 0.2 a copy of it.
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 use sluice_chat::ChatBody;
 
 use crate::headers::apply_edits;
@@ -33,44 +33,58 @@ impl PluginRequest {
         PluginRequest { method, path, model, route, headers, body, max_body_bytes: usize::MAX, ..Default::default() }
     }
 
-    /// Why the current call's edits cannot stand, if they cannot: an edit
-    /// refused during the call, or a body over the limit. Cleared.
+    /// Why the current call's edits cannot stand, if they cannot: the first
+    /// edit refused during the call (a body over the limit included). Cleared.
     pub(crate) fn take_invalid(&mut self) -> Option<String> {
-        let invalid = self.invalid.take();
-        let len = self.body.len();
-        invalid.or_else(|| {
-            (len > self.max_body_bytes)
-                .then(|| format!("the body it left ({len} bytes) is over the limit of {} bytes", self.max_body_bytes))
-        })
+        self.invalid.take()
     }
 
     fn refuse(&mut self, why: String) {
         self.invalid.get_or_insert(why);
     }
 
+    /// After a refused edit the plugin will fail: later edits are not made,
+    /// so a plugin cannot go on growing the host's copy of the request.
+    fn refused(&self) -> bool {
+        self.invalid.is_some()
+    }
+
     pub(crate) fn edit_headers(&mut self, set: &[(String, String)], remove: &[String]) {
+        if self.refused() {
+            return;
+        }
         if let Err(why) = apply_edits(&mut self.headers, set, remove) {
             self.refuse(why);
         }
     }
 
     pub(crate) fn set_body(&mut self, body: Vec<u8>) {
-        self.body.set_bytes(body.into());
+        self.edit_body(|chat| {
+            chat.set_bytes(body.into());
+            Ok(())
+        });
     }
 
     pub(crate) fn set_response_header(&mut self, name: String, value: String) {
-        let mut fresh = HeaderMap::new();
-        if let Err(why) = apply_edits(&mut fresh, &[(name, value)], &[]) {
-            return self.refuse(why);
+        if self.refused() {
+            return;
         }
-        for (name, value) in fresh.drain().filter_map(|(name, value)| Some((name?, value))) {
-            self.response_headers.insert::<HeaderName>(name, value);
+        if let Err(why) = apply_edits(&mut self.response_headers, &[(name, value)], &[]) {
+            self.refuse(why);
         }
     }
 
+    /// Makes a body edit; past the body limit, the plugin fails.
     pub(crate) fn edit_body(&mut self, edit: impl FnOnce(&mut ChatBody) -> Result<(), String>) {
+        if self.refused() {
+            return;
+        }
         if let Err(why) = edit(&mut self.body) {
-            self.refuse(why);
+            return self.refuse(why);
+        }
+        let len = self.body.len();
+        if len > self.max_body_bytes {
+            self.refuse(format!("the body it left ({len} bytes) is over the limit of {} bytes", self.max_body_bytes));
         }
     }
 }

@@ -10,7 +10,12 @@
 //!   newlines and escape sequences in them; `flood` logs 10 000 lines;
 //!   `count` counts the tokens of the request body for the request's model;
 //!   `connect` opens a TCP connection to 127.0.0.1:9 (WASI sockets);
-//!   anything else, or none, passes with `x-hostile-seen: 1` added.
+//!   `headers` sets 40 000 distinct request headers and `response-headers`
+//!   as many response headers (past what an HTTP header map holds);
+//!   `big-header` sets one 8 MiB header value; `grow` splices a 1 MiB
+//!   message in 200 times (the host's copy of the body must not grow past
+//!   its limit); anything else, or none, passes with `x-hostile-seen: 1`
+//!   added.
 
 use std::time::Duration;
 
@@ -21,7 +26,8 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::{count_tokens, log};
 use sluice::plugin::types::{
-    ChunkAction, Hooks, LogLevel, Request, RequestAction, Response, ResponseAction, ResponseEdits, ResponseSummary,
+    ChunkAction, Content, Hooks, LogLevel, Message, Request, RequestAction, Response, ResponseAction, ResponseEdits,
+    ResponseSummary,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +70,24 @@ impl Guest for Hostile {
             Some("connect") => {
                 let result = std::net::TcpStream::connect("127.0.0.1:9").map(drop);
                 req.set_header("x-hostile-connect", &format!("{result:?}"));
+            }
+            Some("headers") => {
+                for i in 0..40_000 {
+                    req.set_header(&format!("x-h-{i}"), "v");
+                }
+            }
+            Some("response-headers") => {
+                for i in 0..40_000 {
+                    req.set_response_header(&format!("x-h-{i}"), "v");
+                }
+            }
+            Some("big-header") => req.set_header("x-big", &"v".repeat(8 << 20)),
+            Some("grow") => {
+                let message =
+                    Message { role: "user".into(), content: Content::Text("x".repeat(1 << 20)), extra: String::new() };
+                for _ in 0..200 {
+                    req.splice_messages(0, 0, std::slice::from_ref(&message));
+                }
             }
             Some("count") => {
                 let body = req.body();
