@@ -57,7 +57,7 @@ pub(crate) fn members(object: &[u8]) -> Option<Vec<Member>> {
     loop {
         scan.ws();
         let key_span = scan.string()?;
-        let key = serde_json::from_slice(&object[key_span.clone()]).ok()?;
+        let key = decode_key(&object[key_span.clone()])?;
         scan.ws();
         scan.expect(b':')?;
         scan.ws();
@@ -71,6 +71,15 @@ pub(crate) fn members(object: &[u8]) -> Option<Vec<Member>> {
             _ => return None,
         }
     }
+}
+
+/// A member name, quotes included, decoded: by serde only if it has escapes.
+fn decode_key(quoted: &[u8]) -> Option<String> {
+    let inner = quoted.get(1..quoted.len().checked_sub(1)?)?;
+    if inner.contains(&b'\\') {
+        return serde_json::from_slice(quoted).ok();
+    }
+    std::str::from_utf8(inner).ok().map(String::from)
 }
 
 /// Where each element of `array` (valid JSON) is; `None` if it is not an array.
@@ -129,12 +138,16 @@ impl Scan<'_> {
     fn string(&mut self) -> Option<Range<usize>> {
         let start = self.at;
         self.expect(b'"')?;
+        // Message text is most of a chat body: jump to the next quote or
+        // backslash rather than stepping byte by byte.
         loop {
-            match self.next()? {
-                b'\\' => self.at += 1,
-                b'"' => return Some(start..self.at),
-                _ => {}
+            let rest = self.text.get(self.at..)?;
+            let found = memchr::memchr2(b'"', b'\\', rest)?;
+            self.at += found + 1;
+            if rest[found] == b'"' {
+                return Some(start..self.at);
             }
+            self.at += 1;
         }
     }
 

@@ -31,6 +31,25 @@ fn a_body_nobody_edits_is_returned_byte_for_byte() {
 }
 
 #[test]
+fn escapes_at_the_edges_of_strings_are_read_as_serde_reads_them() {
+    for text in [r#"\\"#, r#"\""#, r#"a\\\\"#, r#"\\\"q"#, r#"\u0022"#, "", r#"\/"#] {
+        let json =
+            format!(r#"{{"k\u0065y": "{text}", "messages": [{{"role": "user", "content": "{text}"}}], "z": 1}}"#);
+        let expected: Value = serde_json::from_str(&json).unwrap();
+        let mut chat = body(&json);
+        assert_eq!(
+            chat.messages().unwrap()[0].content,
+            Content::Text(expected["messages"][0]["content"].as_str().unwrap().into())
+        );
+        assert_eq!(chat.field("z").as_deref(), Some("1"), "{json}");
+        assert_eq!(
+            chat.field("key").map(|v| serde_json::from_str::<Value>(&v).unwrap()),
+            Some(expected["key"].clone())
+        );
+    }
+}
+
+#[test]
 fn messages_are_read_with_their_content_and_other_members() {
     let mut chat = body(ODD);
     let messages = chat.messages().unwrap();
