@@ -14,6 +14,7 @@
 //! need it to start, all instances share one memory budget, each plugin has
 //! a concurrency limit, and its log lines are escaped and rate-limited.
 
+mod background;
 mod bindings;
 mod deadline;
 mod epoch;

@@ -124,6 +124,7 @@ impl Runtime {
         }
         let mut wasm = Config::new();
         wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        crate::background::lower_compile_threads();
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
         let mut linker = crate::wasi::base_linker(&engine).map_err(StartError::wasmtime)?;

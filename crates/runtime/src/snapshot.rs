@@ -123,10 +123,10 @@ pub(crate) fn start<M: Source>(
         let runtime = tokio::runtime::Handle::current();
         let abandoned = move || wanted.strong_count() == 0;
         let job = move || runtime.block_on(make(&*module, name, &config, limits, hooks, log_rate, abandoned));
-        let outcome = match tokio::task::spawn_blocking(job).await {
+        // Snapshots are made beside serving, at background priority.
+        let outcome = match crate::background::run("sluice-snapshot", job).await {
             Ok(outcome) => outcome,
-            Err(e) if e.is_panic() => Err(format!("the snapshot tool panicked: {}", panic_message(e.into_panic()))),
-            Err(e) => Err(e.to_string()),
+            Err(panic) => Err(format!("the snapshot tool panicked: {panic}")),
         };
         let state = match outcome {
             Ok((pre, reserved)) => {
@@ -368,13 +368,6 @@ impl ComponentInstanceState for Accessors<'_> {
 
     async fn call_func_ret_f64(&mut self, instance: &str, func: &str) -> u64 {
         self.call::<f64>(instance, func).await.unwrap_or_default().to_bits()
-    }
-}
-
-fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
-    match panic.downcast::<String>() {
-        Ok(message) => *message,
-        Err(panic) => panic.downcast_ref::<&str>().map_or("(no message)", |m| m).to_string(),
     }
 }
 

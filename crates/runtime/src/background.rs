@@ -1,0 +1,77 @@
+//! Work the gateway does besides serving (compiling modules, making
+//! snapshots) yields the CPU to requests: its threads run at a lower
+//! priority, so a config change under load costs requests little latency.
+
+/// The nice value of background threads: at 10 a busy request thread gets
+/// about nine times their share of a contended core, yet background work
+/// still finishes under sustained load (at 19 it could all but stop).
+const NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's priority. Linux keeps a nice value per
+/// thread, and `PRIO_PROCESS` with 0 names the calling one. It cannot be
+/// raised again without privileges: call it only on threads that do
+/// nothing else.
+pub(crate) fn lower_this_thread() {
+    // SAFETY: setpriority has no memory effects; a failure only leaves the
+    // priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, NICE);
+    }
+}
+
+/// Cranelift compiles on rayon's global pool: its threads start lowered.
+/// Only the first call builds the pool; later ones (another runtime in the
+/// same process) find it built.
+pub(crate) fn lower_compile_threads() {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("sluice-compile-{i}"))
+        .start_handler(|_| lower_this_thread())
+        .build_global();
+}
+
+/// Runs `job` on a thread of its own at background priority; its result,
+/// or the panic's message.
+pub(crate) async fn run<T: Send + 'static>(name: &str, job: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            lower_this_thread();
+            let _ = done.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)));
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    match result.await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(panic)) => Err(panic_message(panic)),
+        Err(_) => Err("the thread ended without an answer".into()),
+    }
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => panic.downcast_ref::<&str>().map_or("(no message)", |m| m).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nice_of_this_thread() -> libc::c_int {
+        // SAFETY: as above; -1 is a valid nice value, errno is not checked.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+    }
+
+    #[tokio::test]
+    async fn background_jobs_run_lowered_and_leave_the_caller_alone() {
+        let before = nice_of_this_thread();
+        let nice = run("test-background", nice_of_this_thread).await.unwrap();
+        // Already lower than NICE (a CI run under `nice -n 19`) stays so
+        // unless the process may raise it.
+        assert!(nice == NICE || (nice == before && before > NICE), "nice {nice}, caller {before}");
+        assert_eq!(nice_of_this_thread(), before);
+        let panicked = run("test-background", || panic!("boom")).await;
+        assert_eq!(panicked.unwrap_err(), "boom");
+    }
+}
