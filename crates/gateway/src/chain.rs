@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
 use sluice_chat::ChatBody;
 use sluice_core::{ApiError, FailurePolicy, Phase};
-use sluice_runtime::headers::{apply_edits, strip_hop_by_hop};
+use sluice_runtime::headers::{MAX_HEADERS, apply_edits, strip_hop_by_hop};
 use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction};
 
 use crate::body::{Body, error_response, full};
@@ -126,13 +126,21 @@ pub async fn request_filters(
     Ok(Filtered::Forward(engaged, response_marks(marks)))
 }
 
-/// The response headers plugins set from the request phase, applied as the
-/// response hooks run, in reverse chain order: where two set one header, the
-/// earlier plugin's value wins.
+/// The response headers plugins set from the request phase, as the response
+/// hooks would leave them (they run in reverse chain order): where two set
+/// one header, the earlier plugin's value wins. Each plugin may set at most
+/// `MAX_HEADERS`; all of them together too.
 fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    for mark in marks.iter().rev() {
-        set_all(&mut headers, mark);
+    for mark in &marks {
+        for name in mark.keys() {
+            if headers.contains_key(name) || headers.len() >= MAX_HEADERS {
+                continue;
+            }
+            for value in mark.get_all(name) {
+                headers.append(name, value.clone());
+            }
+        }
     }
     headers
 }
@@ -153,13 +161,17 @@ pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Res
     Ok(())
 }
 
-/// Sets every header of `set` on `headers`, replacing values of the same name.
+/// Sets every header of `set` on `headers`, replacing values of the same
+/// name; past what a `HeaderMap` holds, the rest are dropped (never a panic).
 pub fn set_all(headers: &mut HeaderMap, set: &HeaderMap) {
     for name in set.keys() {
         headers.remove(name);
     }
     for (name, value) in set {
-        headers.append(name, value.clone());
+        if headers.try_append(name, value.clone()).is_err() {
+            tracing::warn!(header = %name, "response header dropped: too many headers");
+            break;
+        }
     }
 }
 
@@ -232,6 +244,22 @@ fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first plugin to set a response header wins, as with response
+    /// hooks; together plugins set at most MAX_HEADERS.
+    #[test]
+    fn response_marks_unwind_the_chain_and_are_bounded() {
+        let mark = |pairs: &[(&str, &str)]| -> HeaderMap {
+            pairs.iter().map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap())).collect()
+        };
+        let merged = response_marks(vec![mark(&[("x-a", "1")]), mark(&[("x-a", "2"), ("x-b", "2")])]);
+        assert_eq!(merged.get("x-a").unwrap(), "1");
+        assert_eq!(merged.get("x-b").unwrap(), "2");
+        let full: Vec<HeaderMap> = (0..3)
+            .map(|p| (0..MAX_HEADERS).map(|i| (format!("x-{p}-{i}").parse().unwrap(), "v".parse().unwrap())).collect())
+            .collect();
+        assert_eq!(response_marks(full).len(), MAX_HEADERS);
+    }
 
     /// Issue 12, finding 6.
     #[test]
