@@ -237,30 +237,8 @@ impl ChatBody {
     }
 
     fn doc(&mut self) -> Result<&mut Doc, String> {
-        if self.doc.is_none() {
-            self.doc = Some(self.read_doc());
-        }
-        match self.doc.as_mut() {
-            Some(Ok(doc)) => Ok(doc),
-            Some(Err(error)) => Err(error.clone()),
-            None => unreachable!("read just above"),
-        }
-    }
-
-    fn read_doc(&self) -> Result<Doc, String> {
-        if !self.valid {
-            check_json(&self.src).map_err(|e| format!("the body is not JSON: {e}"))?;
-        }
-        let members = members(&self.src).ok_or("the body is not a JSON object")?;
-        let members = members
-            .into_iter()
-            .map(|m| DocMember {
-                key: m.key,
-                head: Piece::Span(m.key_span.start..m.value.start),
-                value: Piece::Span(m.value),
-            })
-            .collect();
-        Ok(Doc { members, messages: None })
+        let (src, valid) = (&self.src, self.valid);
+        self.doc.get_or_insert_with(|| read_doc(src, valid)).as_mut().map_err(|error| error.clone())
     }
 
     fn message_pieces(&mut self) -> Result<&Vec<Piece>, String> {
@@ -273,10 +251,10 @@ impl ChatBody {
         if doc.messages.is_none() {
             doc.messages = Some(read_messages(doc, &src));
         }
-        match doc.messages.as_mut() {
+        match &mut doc.messages {
             Some(Ok(pieces)) => Ok(pieces),
             Some(Err(error)) => Err(error.clone()),
-            None => unreachable!("read just above"),
+            None => Err("the messages could not be read".into()),
         }
     }
 
@@ -328,6 +306,23 @@ impl Doc {
             .sum();
         2 + members + self.members.len().saturating_sub(1)
     }
+}
+
+/// The top level of `src`; `valid` if it is known to be JSON already.
+fn read_doc(src: &[u8], valid: bool) -> Result<Doc, String> {
+    if !valid {
+        check_json(src).map_err(|e| format!("the body is not JSON: {e}"))?;
+    }
+    let members = members(src).ok_or("the body is not a JSON object")?;
+    let members = members
+        .into_iter()
+        .map(|m| DocMember {
+            key: m.key,
+            head: Piece::Span(m.key_span.start..m.value.start),
+            value: Piece::Span(m.value),
+        })
+        .collect();
+    Ok(Doc { members, messages: None })
 }
 
 /// The elements of `messages`. Two `messages` members are refused: parsers
