@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::de::IgnoredAny;
 
 pub use scan::set_member;
-use scan::{elements, members};
+use scan::{elements, elements_with_members, members};
 
 /// A message's `content`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -339,20 +339,22 @@ fn read_messages(doc: &Doc, src: &[u8]) -> Result<Vec<Piece>, String> {
         Piece::Span(span) => span.start,
         Piece::Owned(_) => return Err("`messages` was replaced".into()),
     };
-    let spans = elements(value).ok_or("`messages` must be an array")?;
-    for (i, span) in spans.iter().enumerate() {
-        check_message(&value[span.clone()], i)?;
+    // One pass finds the messages and their members, to check them.
+    let elements = elements_with_members(value).ok_or("`messages` must be an array")?;
+    for (i, (_, members)) in elements.iter().enumerate() {
+        check_message(value, members.as_deref(), i)?;
     }
-    Ok(spans.into_iter().map(|span| Piece::Span(span.start + offset..span.end + offset)).collect())
+    Ok(elements.into_iter().map(|(span, _)| Piece::Span(span.start + offset..span.end + offset)).collect())
 }
 
 /// What `read_message` checks, without decoding any text: messages are
 /// checked once, when first asked for, and read only when a plugin wants them.
-fn check_message(text: &[u8], index: usize) -> Result<(), String> {
+/// `members` (spans within `text`) are `None` if the message is not an object.
+fn check_message(text: &[u8], members: Option<&[scan::Member]>, index: usize) -> Result<(), String> {
     let at = |what: &str| format!("messages[{index}]: {what}");
-    let members = members(text).ok_or_else(|| at("not an object"))?;
+    let members = members.ok_or_else(|| at("not an object"))?;
     let mut role = false;
-    for member in &members {
+    for member in members {
         let value = &text[member.value.clone()];
         match member.key.as_str() {
             "role" if value.first() == Some(&b'"') => role = true,

@@ -48,26 +48,32 @@ pub(crate) struct Member {
 pub(crate) fn members(object: &[u8]) -> Option<Vec<Member>> {
     let mut scan = Scan { text: object, at: 0 };
     scan.ws();
-    scan.expect(b'{')?;
-    let mut members = Vec::new();
+    scan.members()
+}
+
+/// An element of an array: where it is, and its members if it is an object.
+pub(crate) type Element = (Range<usize>, Option<Vec<Member>>);
+
+/// Where each element of `array` (valid JSON) is, with its members if it
+/// is an object, found in the same pass; `None` if it is not an array.
+pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element>> {
+    let mut elements = Vec::new();
+    let mut scan = Scan { text: array, at: 0 };
     scan.ws();
-    if scan.peek()? == b'}' {
-        return Some(members);
+    scan.expect(b'[')?;
+    scan.ws();
+    if scan.peek()? == b']' {
+        return Some(elements);
     }
     loop {
         scan.ws();
-        let key_span = scan.string()?;
-        let key = decode_key(&object[key_span.clone()])?;
-        scan.ws();
-        scan.expect(b':')?;
-        scan.ws();
         let start = scan.at;
-        scan.value()?;
-        members.push(Member { key, key_span, value: start..scan.at });
+        let members = if scan.peek()? == b'{' { Some(scan.members()?) } else { scan.value().map(|()| None)? };
+        elements.push((start..scan.at, members));
         scan.ws();
         match scan.next()? {
             b',' => continue,
-            b'}' => return Some(members),
+            b']' => return Some(elements),
             _ => return None,
         }
     }
@@ -114,6 +120,35 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
+    /// The members of the object at the cursor, spans within the whole
+    /// text; the cursor ends past it.
+    fn members(&mut self) -> Option<Vec<Member>> {
+        self.expect(b'{')?;
+        let mut members = Vec::new();
+        self.ws();
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(members);
+        }
+        loop {
+            self.ws();
+            let key_span = self.string()?;
+            let key = decode_key(&self.text[key_span.clone()])?;
+            self.ws();
+            self.expect(b':')?;
+            self.ws();
+            let start = self.at;
+            self.value()?;
+            members.push(Member { key, key_span, value: start..self.at });
+            self.ws();
+            match self.next()? {
+                b',' => continue,
+                b'}' => return Some(members),
+                _ => return None,
+            }
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.text.get(self.at).copied()
     }
