@@ -323,6 +323,10 @@ impl wit::HostRequest for PluginState {
         Ok(self.request(&this)?.body.bytes().to_vec())
     }
 
+    fn body_size(&mut self, this: Handle) -> wasmtime::Result<u64> {
+        Ok(self.request(&this)?.body.len() as u64)
+    }
+
     fn set_body(&mut self, this: Handle, body: Vec<u8>) -> wasmtime::Result<()> {
         self.request(&this)?.set_body(body);
         Ok(())

@@ -147,6 +147,11 @@ impl Plugin for ContextTrim {
         let Some(budget) = self.budget(&model, req)? else {
             return Ok(Action::Continue);
         };
+        if self.fits_unread(req, budget)? {
+            req.set_response_header("x-sluice-trimmed-tokens", "0");
+            req.set_response_header("x-sluice-trimmed-messages", "0");
+            return Ok(Action::Continue);
+        }
         let messages = read_messages(req)?;
         let tools = req.field::<Value>("tools")?.map(|tools| tools.to_string());
         let (trimmed, edit) =
@@ -171,6 +176,23 @@ impl Plugin for ContextTrim {
         req.set_response_header("x-sluice-trimmed-tokens", &trimmed.tokens.to_string());
         req.set_response_header("x-sluice-trimmed-messages", &trimmed.messages.to_string());
         Ok(Action::Continue)
+    }
+}
+
+impl ContextTrim {
+    /// Whether the request fits `budget` without reading a message: every
+    /// text counted (contents, names, tool calls) is a JSON string of the
+    /// body, no longer decoded than encoded, with at most a token per byte,
+    /// so the body's size bounds them all. Not with `tools`: they are
+    /// counted as re-encoded, which may be longer than the client wrote.
+    fn fits_unread(&self, req: &Request, budget: u32) -> Result<bool, ApiError> {
+        let count = u64::from(req.message_count()?);
+        if req.field_json("tools").is_some() {
+            return Ok(false);
+        }
+        let bound =
+            req.body_size() + count * u64::from(self.config.message_overhead_tokens) + u64::from(REPLY_PRIMING_TOKENS);
+        Ok(bound <= u64::from(budget))
     }
 }
 

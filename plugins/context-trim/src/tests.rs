@@ -385,3 +385,40 @@ fn randomised_results_are_within_budget_or_a_400() {
     // The generator must exercise every outcome, or the test proves little.
     assert!(fitted > 100 && refused > 50 && trimmed > 100, "fitted {fitted}, refused {refused}, trimmed {trimmed}");
 }
+
+/// A body that fits unread would have fitted read: its size (plus the
+/// per-message overhead) bounds what counting would start from, escapes,
+/// non-ASCII text, names and tool calls included.
+#[test]
+fn the_body_size_bounds_what_counting_reads() {
+    let bodies = [
+        json!({"messages": [{"role": "user", "content": "héllo \"quoted\" \\ \u{1F600} done"}]}),
+        json!({"messages": [{"role": "user", "content": "hi", "name": "ann"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "lookup", "arguments": "{\"q\": \"\\u00e9\"}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "result"}]}]}),
+        json!({"messages": [{"role": "system", "content": words(200)}, {"role": "user", "content": ""}]}),
+    ];
+    let mut unread = 0;
+    for body in bodies {
+        let req = chat_request("m", &body);
+        let size = req.body_size();
+        for budget in [size as u32, size as u32 + 50, size as u32 + 500] {
+            let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": budget}]})).unwrap();
+            if plugin.fits_unread(&req, budget).unwrap() {
+                unread += 1;
+                let counter = Counter::new("m", &plugin.config);
+                assert!(counter.upper_bound(&messages(&body), None) <= u64::from(budget), "{body}");
+                let (result, trimmed) = run(&plugin, "m", body.clone());
+                assert_eq!(result.unwrap(), serde_json::from_slice::<Value>(&req.body()).unwrap());
+                assert_eq!(trimmed.map(|t| (t.tokens, t.messages)), Some((0, 0)));
+            }
+        }
+        // With `tools` it always reads.
+        let mut with_tools = body.clone();
+        with_tools["tools"] = json!([{"type": "function", "function": {"name": "f", "parameters": {"x": 1e10}}}]);
+        let plugin = plugin(json!({"models": [{"model": "*", "maxInputTokens": 1_000_000}]})).unwrap();
+        assert!(!plugin.fits_unread(&chat_request("m", &with_tools), 1_000_000).unwrap());
+    }
+    assert!(unread >= 3, "only {unread} cases fitted unread");
+}

@@ -90,6 +90,10 @@ impl NativeRequest {
         self.with(|s| s.body.bytes().to_vec())
     }
 
+    pub fn body_size(&self) -> u64 {
+        self.with(|s| s.body.len() as u64)
+    }
+
     pub fn set_body(&self, body: &[u8]) {
         self.with(|s| s.body.set_bytes(Bytes::copy_from_slice(body)))
     }

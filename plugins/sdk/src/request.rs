@@ -96,6 +96,12 @@ impl Request {
         self.0.body()
     }
 
+    /// The body's length in bytes, without copying it: no text in it has
+    /// more tokens than bytes.
+    pub fn body_size(&self) -> u64 {
+        self.0.body_size()
+    }
+
     /// Replaces the whole body.
     pub fn set_body(&self, body: &[u8]) {
         self.0.set_body(body)
