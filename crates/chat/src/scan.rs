@@ -57,26 +57,11 @@ pub(crate) type Element = (Range<usize>, Option<Vec<Member>>);
 /// Where each element of `array` (valid JSON) is, with its members if it
 /// is an object, found in the same pass; `None` if it is not an array.
 pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element>> {
-    let mut elements = Vec::new();
-    let mut scan = Scan { text: array, at: 0 };
-    scan.ws();
-    scan.expect(b'[')?;
-    scan.ws();
-    if scan.peek()? == b']' {
-        return Some(elements);
-    }
-    loop {
-        scan.ws();
+    Scan { text: array, at: 0 }.array(|scan| {
         let start = scan.at;
         let members = if scan.peek()? == b'{' { Some(scan.members()?) } else { scan.value().map(|()| None)? };
-        elements.push((start..scan.at, members));
-        scan.ws();
-        match scan.next()? {
-            b',' => continue,
-            b']' => return Some(elements),
-            _ => return None,
-        }
-    }
+        Some((start..scan.at, members))
+    })
 }
 
 /// A member name, quotes included, decoded: by serde only if it has escapes.
@@ -90,26 +75,11 @@ fn decode_key(quoted: &[u8]) -> Option<String> {
 
 /// Where each element of `array` (valid JSON) is; `None` if it is not an array.
 pub(crate) fn elements(array: &[u8]) -> Option<Vec<Range<usize>>> {
-    let mut scan = Scan { text: array, at: 0 };
-    scan.ws();
-    scan.expect(b'[')?;
-    let mut elements = Vec::new();
-    scan.ws();
-    if scan.peek()? == b']' {
-        return Some(elements);
-    }
-    loop {
-        scan.ws();
+    Scan { text: array, at: 0 }.array(|scan| {
         let start = scan.at;
         scan.value()?;
-        elements.push(start..scan.at);
-        scan.ws();
-        match scan.next()? {
-            b',' => continue,
-            b']' => return Some(elements),
-            _ => return None,
-        }
-    }
+        Some(start..scan.at)
+    })
 }
 
 /// A cursor over JSON text that serde_json has already accepted, so it
@@ -120,6 +90,29 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
+    /// What `element` makes of each element of the array at the cursor (it
+    /// must read the element whole); the cursor ends past the array.
+    fn array<T>(&mut self, mut element: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        self.ws();
+        self.expect(b'[')?;
+        let mut elements = Vec::new();
+        self.ws();
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(elements);
+        }
+        loop {
+            self.ws();
+            elements.push(element(self)?);
+            self.ws();
+            match self.next()? {
+                b',' => continue,
+                b']' => return Some(elements),
+                _ => return None,
+            }
+        }
+    }
+
     /// The members of the object at the cursor, spans within the whole
     /// text; the cursor ends past it.
     fn members(&mut self) -> Option<Vec<Member>> {
