@@ -136,14 +136,7 @@ async fn configure(module: &Arc<PluginModule>, isolation: Isolation) -> Configur
 
 fn request() -> PluginRequest {
     const BODY: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#;
-    PluginRequest::new(
-        "POST".into(),
-        "/v1/chat/completions".into(),
-        "gpt-4o-mini".into(),
-        "default/chat".into(),
-        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
-        sluice_chat::ChatBody::validated(BODY.into()),
-    )
+    PluginRequest::chat("gpt-4o-mini", sluice_chat::ChatBody::validated(BODY.into()))
 }
 
 /// The plugin did its job, so the timing is of real work.

@@ -90,14 +90,7 @@ fn request() -> PluginRequest {
         ]
     });
     let body = body.to_string();
-    PluginRequest::new(
-        "POST".into(),
-        "/v1/chat/completions".into(),
-        "gpt-4o-mini".into(),
-        "default/chat".into(),
-        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
-        sluice_chat::ChatBody::validated(body.into()),
-    )
+    PluginRequest::chat("gpt-4o-mini", sluice_chat::ChatBody::validated(body.into()))
 }
 
 /// The median and the 99th percentile of `op` run for [`MEASURE_FOR`].

@@ -23,14 +23,7 @@ fn plugin_bytes(name: &str) -> Vec<u8> {
 
 fn request() -> PluginRequest {
     const BODY: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}"#;
-    PluginRequest::new(
-        "POST".into(),
-        "/v1/chat/completions".into(),
-        "gpt-4o-mini".into(),
-        "default/chat".into(),
-        http::HeaderMap::from_iter([(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"))]),
-        sluice_chat::ChatBody::validated(BODY.into()),
-    )
+    PluginRequest::chat("gpt-4o-mini", sluice_chat::ChatBody::validated(BODY.into()))
 }
 
 /// The plugins measured, with the configs of their READMEs and examples.

@@ -101,18 +101,10 @@ fn built_plugin(name: &str) -> Vec<u8> {
 /// A chat request for `model`, as the gateway would hand it to plugins.
 #[cfg(test)]
 fn test_request(headers: &[(&str, &str)], body: String) -> PluginRequest {
-    let headers = headers
-        .iter()
-        .map(|(name, value)| (name.parse().unwrap(), value.parse().unwrap()))
-        .collect::<http::HeaderMap>();
-    let mut request = PluginRequest::new(
-        "POST".into(),
-        "/v1/chat/completions".into(),
-        "gpt-4o-mini".into(),
-        "default/chat".into(),
-        headers,
-        sluice_chat::ChatBody::new(body.into()),
-    );
+    let mut request = PluginRequest::chat("gpt-4o-mini", sluice_chat::ChatBody::new(body.into()));
+    for (name, value) in headers {
+        request.headers.insert(name.parse::<http::HeaderName>().unwrap(), value.parse().unwrap());
+    }
     request.max_body_bytes = 1 << 20;
     request
 }

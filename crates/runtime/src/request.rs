@@ -33,6 +33,15 @@ impl PluginRequest {
         PluginRequest { method, path, model, route, headers, body, max_body_bytes: usize::MAX, ..Default::default() }
     }
 
+    /// `POST /v1/chat/completions` of a JSON `body` for `model` on route
+    /// `default/chat`, as a client sends it: for tests and benchmarks.
+    pub fn chat(model: &str, body: ChatBody) -> Self {
+        let json = http::HeaderValue::from_static("application/json");
+        let headers = HeaderMap::from_iter([(http::header::CONTENT_TYPE, json)]);
+        let (method, path) = ("POST".into(), "/v1/chat/completions".into());
+        PluginRequest::new(method, path, model.into(), "default/chat".into(), headers, body)
+    }
+
     /// Why the current call's edits cannot stand, if they cannot: the first
     /// edit refused during the call (a body over the limit included). Cleared.
     pub(crate) fn take_invalid(&mut self) -> Option<String> {
