@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -25,7 +24,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Route};
+use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Route, percentile, rss_bytes_of};
 
 const MODEL: &str = "gpt-bench";
 const SYSTEM_PROMPT: &str = "You are a helpful assistant.";
@@ -72,8 +71,8 @@ async fn measure() {
     dir.write("config.yaml", &docs.join("---\n"));
     let options = Options { args: GATEWAY_FLAGS.iter().map(|s| s.to_string()).collect(), ..Options::default() };
     let gateway = Gateway::start_with(&dir, options).await;
-    wait_for_snapshots(&gateway).await;
-    let pid = gateway_pid(dir.path());
+    gateway.wait_for_snapshots(Duration::from_secs(60)).await;
+    let pid = gateway.pid();
     let addr: SocketAddr = gateway.url("").trim_start_matches("http://").parse().expect("the gateway's address");
 
     let mut single = Vec::new();
@@ -85,19 +84,19 @@ async fn measure() {
         }
     }
 
-    let rss_idle = rss_bytes(pid);
+    let rss_idle = rss_bytes_of(pid);
     let sampling = Arc::new(AtomicBool::new(true));
     let rss_peak = Arc::new(AtomicU64::new(rss_idle));
     let sampler = tokio::spawn({
         let (sampling, rss_peak) = (sampling.clone(), rss_peak.clone());
         async move {
             while sampling.load(Ordering::Relaxed) {
-                rss_peak.fetch_max(rss_bytes(pid), Ordering::Relaxed);
+                rss_peak.fetch_max(rss_bytes_of(pid), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     });
-    let cpu_before = cpu_seconds(pid);
+    let cpu_before = gateway.cpu_seconds();
     let open = Arc::new(Open::default());
     let start = Instant::now() + Duration::from_millis(10);
     let mut streams = tokio::task::JoinSet::new();
@@ -110,7 +109,7 @@ async fn measure() {
         });
     }
     let results = streams.join_all().await;
-    let cpu = cpu_seconds(pid) - cpu_before;
+    let cpu = gateway.cpu_seconds() - cpu_before;
     sampling.store(false, Ordering::Relaxed);
     sampler.await.expect("the RSS sampler");
     let rss_peak = rss_peak.load(Ordering::Relaxed);
@@ -276,64 +275,6 @@ fn raise_open_files_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
-}
-
-/// Waits until no plugin is still having its snapshot made.
-async fn wait_for_snapshots(gateway: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let config = gateway.admin_config().await;
-        let plugins = config["plugins"].as_array().cloned().unwrap_or_default();
-        if plugins.iter().all(|p| p["instancesStartFrom"] != "configure-until-snapshot") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "snapshots still being made: {config}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The pid of our child `sluice run` process watching `config` (the
-/// harness keeps it to itself).
-fn gateway_pid(config: &Path) -> u32 {
-    let (ours, marker) = (std::process::id(), config.to_string_lossy());
-    let pids = std::fs::read_dir("/proc").expect("reading /proc").flatten();
-    let pids = pids.filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok());
-    pids.filter(|&pid| stat_fields(pid).and_then(|fields| fields.get(1)?.parse::<u32>().ok()) == Some(ours))
-        .find(|&pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains(marker.as_ref())
-        })
-        .expect("the gateway is our child process")
-}
-
-/// /proc/PID/stat's fields after the command name: [0] is the state
-/// (field 3), [1] the ppid, [11] utime, [12] stime (in clock ticks).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-/// utime + stime of the process (all its threads), in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let fields = stat_fields(pid).expect("the gateway's /proc/PID/stat");
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    ticks as f64 / per_second as f64
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = status.lines().find_map(|line| line.strip_prefix("VmRSS:"));
-    kib.and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[index]
 }
 
 fn ms(d: Duration) -> String {

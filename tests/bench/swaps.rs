@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
-use sluice_tests::{Client, ConfigDir, Echo, Gateway, Options, Plugin, Route, chat_body};
+use sluice_tests::{Client, ConfigDir, Echo, Gateway, Options, Plugin, Route, chat_body, percentile};
 
 /// Requests per second, open loop.
 const RATE: u32 = 200;
@@ -94,7 +94,7 @@ async fn measure() {
     let cache = tempfile::tempdir().expect("a cache dir");
     let options = Options { cache_dir: Some(cache.path().to_path_buf()), ..Options::default() };
     let gateway = Gateway::start_with(&dir, options).await;
-    wait_for_snapshots(&gateway).await;
+    gateway.wait_for_snapshots(Duration::from_secs(60)).await;
     let url = gateway.url("/v1/chat/completions");
     let client = Client::http1();
     assert_eq!(send(&client, &url).await, Ok("v0".to_string()), "the first config does its work");
@@ -298,32 +298,11 @@ fn report_failures(outcomes: &[Outcome]) {
     }
 }
 
-/// Waits until no plugin is still having its snapshot made, so the steady
-/// phase measures the gateway as it serves for good.
-async fn wait_for_snapshots(gateway: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let config = gateway.admin_config().await;
-        let plugins = config["plugins"].as_array().cloned().unwrap_or_default();
-        if plugins.iter().all(|p| p["instancesStartFrom"] != "configure-until-snapshot") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "snapshots still being made: {config}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn plugin_digest(gateway: &Gateway) -> String {
     let config = gateway.admin_config().await;
     let plugins = config["plugins"].as_array().cloned().unwrap_or_default();
     let plugin = plugins.iter().find(|p| p["name"].as_str().is_some_and(|name| name.ends_with("add-header")));
     plugin.and_then(|p| p["digest"].as_str()).unwrap_or_else(|| panic!("no add-header in {config}")).to_string()
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[index]
 }
 
 fn ms(d: Duration) -> String {

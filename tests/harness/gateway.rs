@@ -195,10 +195,33 @@ impl Gateway {
 
     /// Resident memory of the gateway process, from /proc.
     pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("reading /proc");
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
-        let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB");
-        kib * 1024
+        crate::rss_bytes_of(self.pid())
+    }
+
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU time the gateway has used (utime + stime, all threads), in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("reading /proc");
+        // The command name may hold spaces and parentheses: split after the last ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("/proc/PID/stat") + 1..].split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        // SAFETY: sysconf has no preconditions.
+        ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    /// Waits until no plugin is still having its snapshot made (see
+    /// `instancesStartFrom` in /admin/config).
+    pub async fn wait_for_snapshots(&self, within: std::time::Duration) {
+        crate::eventually("plugin snapshots to be made", within, async || {
+            let config = self.admin_config().await;
+            let plugins = config["plugins"].as_array().cloned().unwrap_or_default();
+            plugins.iter().all(|p| p["instancesStartFrom"] != "configure-until-snapshot").then_some(())
+        })
+        .await
     }
 
     /// The names of the gateway's threads, from /proc.

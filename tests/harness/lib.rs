@@ -37,6 +37,19 @@ pub fn sluice_binary() -> PathBuf {
     path
 }
 
+/// VmRSS of process `pid`, in bytes (0 once it is gone).
+pub fn rss_bytes_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status.lines().find_map(|line| line.strip_prefix("VmRSS:"));
+    kib.and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024
+}
+
+/// Nearest-rank percentile of sorted samples, for benches.
+pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[index]
+}
+
 /// The absolute path of a built plugin, plugins/dist/<name>.wasm.
 pub fn plugin_wasm(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist").join(format!("{name}.wasm"));
