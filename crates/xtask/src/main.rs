@@ -9,6 +9,7 @@ mod cycles;
 mod fuzz;
 mod kube;
 mod new_plugin;
+mod otelcol;
 mod plugins;
 mod process;
 mod quickstart;

@@ -2,16 +2,20 @@
 //! (format, lints, no import cycles), build once, and run every test.
 
 use std::ffi::OsString;
+use std::thread;
 
 use anyhow::Result;
 
 use crate::toolchain::{self, C_TOOLCHAIN_PACKAGES, TOOLS_VENV_ENV, absolute, tools_venv};
-use crate::{cargo, cycles, kube, plugins, run, step};
+use crate::{cargo, cycles, kube, otelcol, plugins, run, step};
 
 /// Debian packages the test suite needs beyond the Rust toolchain and the
 /// guest toolchains: an OCI registry and an independent client for the OCI
-/// tests.
-const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo"];
+/// tests, and Prometheus to scrape the gateway's /metrics. The tests run
+/// their own Prometheus on free ports, so the package's service (started on
+/// :9090 where systemd runs; denied by policy-rc.d in containers) is no
+/// matter.
+const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo", "prometheus"];
 
 pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Checks: formatting and import cycles");
@@ -40,16 +44,28 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Running the plugins' unit tests");
     run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--workspace"]))?;
 
-    // A real kube-apiserver, kubectl and etcd for the Kubernetes tests.
-    let kube_bin = kube::ensure()?;
+    // A real kube-apiserver, kubectl and etcd for the Kubernetes tests, and
+    // an OpenTelemetry Collector for the tracing tests. Both are Go builds,
+    // cached per machine; side by side, one's downloads and linking overlap
+    // the other's compiling.
+    let (kube_bin, otelcol_bin) = thread::scope(|scope| {
+        let kube = scope.spawn(kube::ensure);
+        let otelcol = scope.spawn(otelcol::ensure);
+        (kube.join(), otelcol.join())
+    });
+    let panicked = || anyhow::anyhow!("a setup thread panicked");
+    let kube_bin = kube_bin.map_err(|_| panicked())??;
+    let otelcol_bin = otelcol_bin.map_err(|_| panicked())??;
 
     step("Running the test suite");
     let venv = absolute(&tools_venv())?;
     println!("{TOOLS_VENV_ENV}={}", venv.display());
     println!("{}={}", kube::BIN_DIR_ENV, kube_bin.display());
+    println!("{}={}", otelcol::BIN_ENV, otelcol_bin.display());
     run(cargo()
         .args(["test", "--workspace"])
         .args(cargo_test_args)
         .env(TOOLS_VENV_ENV, venv)
-        .env(kube::BIN_DIR_ENV, kube_bin))
+        .env(kube::BIN_DIR_ENV, kube_bin)
+        .env(otelcol::BIN_ENV, otelcol_bin))
 }
