@@ -9,6 +9,8 @@ mod echo;
 mod gateway;
 mod http;
 mod kube;
+mod otelcol;
+mod prometheus;
 mod registry;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +21,8 @@ pub use echo::Echo;
 pub use gateway::{Gateway, Options};
 pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events};
 pub use kube::KubeCluster;
+pub use otelcol::{Collector, Span};
+pub use prometheus::{Prometheus, Sample};
 pub use registry::Registry;
 
 const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice and plugins/dist)";
