@@ -1,0 +1,18 @@
+//! Sluice's telemetry: Prometheus metrics, OpenTelemetry traces and the
+//! logs. The data plane fills in one [`RequestRecord`] per request; when the
+//! request ends, its metrics, access log line and spans are all made from
+//! it, in one place.
+
+mod access;
+mod context;
+mod finish;
+pub mod logging;
+pub mod metrics;
+pub mod record;
+pub mod request_id;
+pub mod trace;
+
+pub use access::fields as access_log_fields;
+pub use logging::LogFormat;
+pub use metrics::{Label, metrics};
+pub use record::{Attempt, Hook, Outcome, PluginId, RequestRecord, Tokens};

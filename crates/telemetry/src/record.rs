@@ -1,0 +1,285 @@
+//! What one request did, filled in along its way through the data plane and
+//! finished once, when its response ends: the metrics, the access log line
+//! and the trace all come from it, in [`RequestRecord::finish`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::metrics::{self, Label, metrics};
+
+/// A plugin version as telemetry names it.
+#[derive(Clone, Debug)]
+pub struct PluginId {
+    pub namespace: Label,
+    pub name: Label,
+    pub digest: Label,
+}
+
+/// A plugin hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Request,
+    ResponseHead,
+    ResponseChunk,
+    ResponseBody,
+    ResponseEnd,
+}
+
+impl Hook {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::Request => "request",
+            Hook::ResponseHead => "response-head",
+            Hook::ResponseChunk => "response-chunk",
+            Hook::ResponseBody => "response-body",
+            Hook::ResponseEnd => "response-end",
+        }
+    }
+}
+
+/// How a plugin call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It let the request or response go on (edited or not).
+    Continue,
+    /// It answered the request itself.
+    Respond,
+    Trap,
+    Timeout,
+    MemoryLimit,
+    InvalidEdit,
+    /// No instance could be had: the plugin did not run.
+    Overloaded,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Continue => "continue",
+            Outcome::Respond => "respond",
+            Outcome::Trap => "trap",
+            Outcome::Timeout => "timeout",
+            Outcome::MemoryLimit => "memory_limit",
+            Outcome::InvalidEdit => "invalid_edit",
+            Outcome::Overloaded => "overloaded",
+        }
+    }
+
+    pub fn failed(self) -> bool {
+        !matches!(self, Outcome::Continue | Outcome::Respond)
+    }
+}
+
+/// A plugin's calls of one hook during the request: one for most hooks, one
+/// per event for `response-chunk`.
+#[derive(Clone, Debug)]
+pub struct PluginCalls {
+    pub plugin: Arc<PluginId>,
+    pub hook: Hook,
+    pub calls: u32,
+    /// Since the request started, of the first call.
+    pub first_start: Duration,
+    /// Of the last call.
+    pub last_end: Duration,
+    /// All calls together.
+    pub busy: Duration,
+    /// The last call's outcome, unless an earlier one failed: then the
+    /// first failure.
+    pub outcome: Outcome,
+    /// It failed and was skipped (`failurePolicy: Open`).
+    pub skipped: bool,
+}
+
+/// One attempt to reach a backend.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub backend: Label,
+    /// Since the request started.
+    pub start: Duration,
+    pub end: Duration,
+    /// The response's status, or `None` if none came.
+    pub status: Option<u16>,
+    /// Why no response came.
+    pub error: Option<String>,
+    /// The span id the upstream saw in `traceparent`.
+    pub span_id: Option<[u8; 8]>,
+}
+
+/// Token usage as the upstream reported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+}
+
+/// The most attempts and plugin entries a record keeps: both are bounded by
+/// the config already (backends per route, plugins per chain times hooks);
+/// this keeps a record's size bounded whatever the config.
+const MAX_ENTRIES: usize = 256;
+
+/// One request, as telemetry sees it.
+#[derive(Debug)]
+pub struct RequestRecord {
+    pub id: Arc<str>,
+    pub started_at: SystemTime,
+    pub started: Instant,
+    pub method: String,
+    /// The path without its query (which may carry secrets).
+    pub path: String,
+    /// `chat`, `text_completion` or `embeddings`, for forwarded endpoints.
+    pub operation: Option<&'static str>,
+    pub route: Option<Label>,
+    /// The model asked for, once a route serves it.
+    pub model: Option<Label>,
+    /// The backend that answered (or the last one tried).
+    pub backend: Option<Label>,
+    pub status: u16,
+    /// The OpenAI-shaped error's code, when the gateway answered with one.
+    pub error_code: Option<&'static str>,
+    pub streamed: bool,
+    /// The body reached its end (not cut by the client, a timeout or a
+    /// failure).
+    pub completed: bool,
+    /// When the first byte of the response body went out, since the start.
+    pub first_byte: Option<Duration>,
+    pub response_bytes: u64,
+    pub tokens: Option<Tokens>,
+    pub response_model: Option<String>,
+    /// The identity the auth phase gave the caller.
+    pub consumer: Option<String>,
+    pub attempts: Vec<Attempt>,
+    pub plugins: Vec<PluginCalls>,
+    pub trace: Option<crate::context::TraceContext>,
+    /// Moved on to whoever finishes it (the response body): this one is
+    /// an empty shell, and finishing it does nothing.
+    pub(crate) handed_off: bool,
+}
+
+impl RequestRecord {
+    pub fn new(id: Arc<str>, method: &str, path: &str) -> Self {
+        Self {
+            id,
+            started_at: SystemTime::now(),
+            started: Instant::now(),
+            method: method.to_string(),
+            path: path.to_string(),
+            operation: None,
+            route: None,
+            model: None,
+            backend: None,
+            status: 0,
+            error_code: None,
+            streamed: false,
+            completed: false,
+            first_byte: None,
+            response_bytes: 0,
+            tokens: None,
+            response_model: None,
+            consumer: None,
+            attempts: Vec::new(),
+            plugins: Vec::new(),
+            trace: None,
+            handed_off: false,
+        }
+    }
+
+    /// Moves the record out, to be finished by its new holder; this one is
+    /// left finished.
+    pub fn hand_off(&mut self) -> Self {
+        let shell = Self { handed_off: true, ..Self::new(self.id.clone(), "", "") };
+        std::mem::replace(self, shell)
+    }
+
+    /// Records one plugin call that started at `started` and ended now.
+    pub fn plugin_call(&mut self, plugin: &Arc<PluginId>, hook: Hook, started: Instant, outcome: Outcome) {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(started);
+        let m = metrics();
+        let labels = metrics::PluginHookLabels {
+            namespace: plugin.namespace.clone(),
+            plugin: plugin.name.clone(),
+            digest: plugin.digest.clone(),
+            hook: hook.as_str(),
+        };
+        m.plugin_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        let labels = metrics::PluginOutcomeLabels {
+            namespace: labels.namespace,
+            plugin: labels.plugin,
+            digest: labels.digest,
+            hook: labels.hook,
+            outcome: outcome.as_str(),
+        };
+        m.plugin_invocations.get_or_create(&labels).inc();
+
+        let since = |at: Instant| at.saturating_duration_since(self.started);
+        let (first_start, last_end) = (since(started), since(now));
+        if let Some(entry) = self.plugins.iter_mut().rev().find(|e| Arc::ptr_eq(&e.plugin, plugin) && e.hook == hook) {
+            entry.calls = entry.calls.saturating_add(1);
+            entry.last_end = last_end;
+            entry.busy += took;
+            if !entry.outcome.failed() {
+                entry.outcome = outcome;
+            }
+        } else if self.plugins.len() < MAX_ENTRIES {
+            self.plugins.push(PluginCalls {
+                plugin: plugin.clone(),
+                hook,
+                calls: 1,
+                first_start,
+                last_end,
+                busy: took,
+                outcome,
+                skipped: false,
+            });
+        }
+    }
+
+    /// The plugin's last call failed and it is skipped from here on.
+    pub fn plugin_skipped(&mut self, plugin: &Arc<PluginId>, hook: Hook) {
+        let labels = metrics::PluginHookLabels {
+            namespace: plugin.namespace.clone(),
+            plugin: plugin.name.clone(),
+            digest: plugin.digest.clone(),
+            hook: hook.as_str(),
+        };
+        metrics().plugin_skipped.get_or_create(&labels).inc();
+        if let Some(entry) = self.plugins.iter_mut().rev().find(|e| Arc::ptr_eq(&e.plugin, plugin) && e.hook == hook) {
+            entry.skipped = true;
+        }
+    }
+
+    /// Records an attempt to reach `backend` that started at `started`.
+    pub fn attempt(&mut self, attempt: Attempt) {
+        let m = metrics();
+        if let Some(route) = &self.route {
+            let labels = metrics::UpstreamLabels {
+                route: route.clone(),
+                backend: attempt.backend.clone(),
+                status_class: attempt.status.map_or("error", metrics::status_class),
+            };
+            m.upstream_duration.get_or_create(&labels).observe((attempt.end - attempt.start).as_secs_f64());
+        }
+        self.backend = Some(attempt.backend.clone());
+        if self.attempts.len() < MAX_ENTRIES {
+            self.attempts.push(attempt);
+        }
+    }
+
+    /// Since the request started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+/// `gen_ai.provider.name`: the upstreams speak OpenAI's API.
+pub const PROVIDER: &str = "openai";
+
+/// The GenAI operation of a forwarded endpoint.
+pub fn operation_of(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/chat/completions" => Some("chat"),
+        "/v1/completions" => Some("text_completion"),
+        "/v1/embeddings" => Some("embeddings"),
+        _ => None,
+    }
+}
