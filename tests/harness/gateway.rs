@@ -117,7 +117,8 @@ impl Gateway {
         let oci_cache_dir = options.oci_cache_dir.clone().unwrap_or_else(|| scratch.path().join("oci"));
         command.arg("--oci-cache-dir").arg(oci_cache_dir).args(&options.args);
         // Plain, predictable log lines for tests to search.
-        command.env("RUST_LOG", "info").env("NO_COLOR", "1");
+        // Text unless a test asks for JSON (SLUICE_LOG_FORMAT in its env).
+        command.env("RUST_LOG", "info").env("NO_COLOR", "1").env("SLUICE_LOG_FORMAT", "text");
         // No registry credentials from whoever runs the tests.
         command.env("DOCKER_CONFIG", scratch.path().join("docker-config"));
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
@@ -157,6 +158,11 @@ impl Gateway {
     /// The data plane URL of `path`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.listen)
+    }
+
+    /// The admin listener's address (it serves /metrics).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
     }
 
     /// The admin listener URL of `path`.

@@ -127,13 +127,13 @@ pub async fn run(
         .with_config(config.clone())
         .reconcile_all_on(ticks(changed.clone()))
         .reconcile_all_on(ticks(reports_rx.clone()))
-        .run(reconcile_plugin, error_policy, ctx.clone())
+        .run(|plugin, ctx| measured("GatewayPlugin", reconcile_plugin(plugin, ctx)), error_policy, ctx.clone())
         .for_each(log_outcome);
     let routes = Controller::new(api::<AIModelRoute>(&client, namespace.as_deref()), watcher::Config::default())
         .with_config(config)
         .reconcile_all_on(ticks(changed))
         .reconcile_all_on(ticks(reports_rx))
-        .run(reconcile_route, error_policy, ctx)
+        .run(|route, ctx| measured("AIModelRoute", reconcile_route(route, ctx)), error_policy, ctx)
         .for_each(log_outcome);
     let controllers = async move {
         listed.await;
@@ -155,6 +155,22 @@ async fn log_outcome<K: Resource + std::fmt::Debug, E: std::fmt::Display>(
         Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
         Err(error) => tracing::warn!(%error, "status reconcile failed"),
     }
+}
+
+/// A reconcile, counted by kind and result (`ok` or the error's metric
+/// label) and timed.
+async fn measured(kind: &'static str, reconcile: impl Future<Output = Result<Action, Error>>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    let metrics = sluice_telemetry::metrics();
+    let labels = sluice_telemetry::metrics::KindLabels { kind };
+    metrics.reconcile_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(error) => error.metric_label(),
+    };
+    metrics.reconciles.get_or_create(&sluice_telemetry::metrics::ReconcileLabels { kind, result: outcome }).inc();
+    result
 }
 
 fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -1,21 +1,62 @@
-//! The admin listener: liveness, readiness, and what is being served.
+//! The admin listener: liveness, readiness, metrics, and what is being
+//! served.
 
 use http::StatusCode;
 use hyper::body::Incoming;
 use serde::Serialize;
 use sluice_core::FailurePolicy;
 use sluice_runtime::Hooks;
+use sluice_telemetry::metrics::{PluginInfoLabels, PluginPoolLabels};
 
 use crate::body::{Body, error_response, full, json_response};
 use crate::gateway::Gateway;
 use crate::snapshot::Snapshot;
 
-/// The admin API: the probes and the config view.
+/// The admin API: the probes, the metrics and the config view.
 pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
     match request.uri().path() {
         "/admin/config" => config(gateway),
+        "/metrics" => metrics(gateway),
         _ => probes(gateway, request),
     }
+}
+
+/// The metrics in Prometheus's text format. What is measured on scrape
+/// (the plugin instances) is read from the snapshot served now.
+pub fn metrics(gateway: &Gateway) -> http::Response<Body> {
+    let snapshot = gateway.snapshot();
+    let m = sluice_telemetry::metrics();
+    m.plugin_instances.clear();
+    m.plugin_info.clear();
+    for plugin in snapshot.plugins().values() {
+        let id = &plugin.id;
+        let (in_use, idle) = plugin.configured.instances();
+        for (state, count) in [("in_use", in_use), ("idle", idle)] {
+            let labels = PluginPoolLabels {
+                namespace: id.namespace.clone(),
+                plugin: id.name.clone(),
+                digest: id.digest.clone(),
+                state,
+            };
+            m.plugin_instances.get_or_create(&labels).set(count as i64);
+        }
+        let labels = PluginInfoLabels {
+            namespace: id.namespace.clone(),
+            plugin: id.name.clone(),
+            digest: id.digest.clone(),
+            source: plugin.decl.source.to_string().into(),
+            isolation: match plugin.decl.isolation {
+                sluice_core::Isolation::PerRequest => "per-request",
+                sluice_core::Isolation::Reused { .. } => "reused",
+            },
+        };
+        m.plugin_info.get_or_create(&labels).set(1);
+    }
+    let mut response = http::Response::new(full(m.encode()));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    response
 }
 
 /// Only the probes, for a listener the kubelet reaches over the pod

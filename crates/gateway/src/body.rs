@@ -19,11 +19,18 @@ pub fn json_response(status: http::StatusCode, json: Vec<u8>) -> http::Response<
     response
 }
 
-/// Every error a client sees goes through here, in OpenAI's shape.
+/// Every error a client sees goes through here, in OpenAI's shape. The
+/// response carries its code for the request's record ([`ErrorCode`]).
 pub fn error_response(error: &ApiError) -> http::Response<Body> {
     let status = http::StatusCode::from_u16(error.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(status, error.to_json())
+    let mut response = json_response(status, error.to_json());
+    response.extensions_mut().insert(ErrorCode(error.code));
+    response
 }
+
+/// The code of the error a response carries.
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub &'static str);
 
 /// Reads a whole response body of at most `limit` bytes.
 // A loop rather than `Limited`: its `Into<BoxError>` bound on a body that

@@ -3,6 +3,7 @@
 //! to see the response ([`Engaged`]) for the response phase.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
@@ -10,6 +11,8 @@ use sluice_chat::ChatBody;
 use sluice_core::{ApiError, FailurePolicy, Phase};
 use sluice_runtime::headers::{MAX_HEADERS, apply_edits, strip_hop_by_hop};
 use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction};
+
+use sluice_telemetry::{Hook, Outcome, RequestRecord};
 
 use crate::body::{Body, error_response, full};
 use crate::snapshot::{LoadedPlugin, Route};
@@ -69,6 +72,29 @@ impl Engaged {
         self.skipped = true;
         Ok(())
     }
+
+    /// Records a call of `hook` that started at `started`, and puts a
+    /// failure under the plugin's policy: `Ok(None)` when it is skipped.
+    pub fn settle<T>(
+        &mut self,
+        record: &mut RequestRecord,
+        hook: Hook,
+        started: Instant,
+        result: Result<T, PluginError>,
+    ) -> Result<Option<T>, ApiError> {
+        match result {
+            Ok(value) => {
+                record.plugin_call(&self.plugin.id, hook, started, Outcome::Continue);
+                Ok(Some(value))
+            }
+            Err(error) => {
+                record.plugin_call(&self.plugin.id, hook, started, outcome(&error));
+                self.fail(error)?;
+                record.plugin_skipped(&self.plugin.id, hook);
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// How the request phase ended.
@@ -102,14 +128,20 @@ pub async fn request_filters(
     model: &str,
     outgoing: &mut Outgoing,
     max_body_bytes: usize,
+    record: &mut RequestRecord,
 ) -> Result<Filtered, ApiError> {
     let mut request = plugin_request(route, model, outgoing, max_body_bytes);
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.
     let mut marks = Vec::new();
-    for plugin in &route.chain {
-        let step = request_filter(plugin, &mut request).await?;
+    for (i, plugin) in route.chain.iter().enumerate() {
+        let step = request_filter(plugin, &mut request, Some(&mut *record)).await?;
         marks.push(std::mem::take(&mut request.response_headers));
+        let auth_phase_ends = plugin.decl.phase == Phase::Auth
+            && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
+        if auth_phase_ends {
+            record.consumer = consumer(&request.headers);
+        }
         match step {
             Step::Continue(instance) => {
                 engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
@@ -124,6 +156,19 @@ pub async fn request_filters(
     // Written here, once, if plugins edited it in place.
     outgoing.body = request.body.bytes();
     Ok(Filtered::Forward(engaged, response_marks(marks)))
+}
+
+/// The header in which auth plugins name the caller (the first-party auth
+/// plugin's default `consumerHeader`). Read when the auth phase ends, so a
+/// client cannot name itself: the auth plugin owns the header.
+pub const CONSUMER_HEADER: &str = "x-sluice-consumer";
+
+/// The longest consumer name recorded, in bytes.
+const MAX_CONSUMER_BYTES: usize = 256;
+
+fn consumer(headers: &HeaderMap) -> Option<String> {
+    let name = headers.get(CONSUMER_HEADER)?.to_str().ok()?;
+    Some(name[..name.floor_char_boundary(MAX_CONSUMER_BYTES)].to_string())
 }
 
 /// The response headers plugins set from the request phase, as the response
@@ -151,7 +196,7 @@ fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
 pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Result<(), http::Response<Body>> {
     let mut copy = plugin_request(route, model, &mut request.clone(), usize::MAX);
     for plugin in route.chain.iter().filter(|p| p.decl.phase == Phase::Auth) {
-        match request_filter(plugin, &mut copy).await {
+        match request_filter(plugin, &mut copy, None).await {
             Ok(Step::Continue(_)) => {}
             Ok(Step::Respond(response)) => return Err(response),
             // Auth plugins fail closed (an Open one is refused at load).
@@ -183,12 +228,31 @@ enum Step {
 
 /// One plugin's request hook, under its failure policy: a plugin that
 /// fails open is skipped, and the request goes on as it was before it.
-async fn request_filter(plugin: &LoadedPlugin, request: &mut PluginRequest) -> Result<Step, ApiError> {
+/// Recorded in `record`, unless it only checks a caller (`/v1/models`).
+async fn request_filter(
+    plugin: &LoadedPlugin,
+    request: &mut PluginRequest,
+    mut record: Option<&mut RequestRecord>,
+) -> Result<Step, ApiError> {
     let before = (plugin.decl.failure_policy == FailurePolicy::Open).then(|| request.clone());
-    match run_request_filter(plugin, request).await {
+    let started = Instant::now();
+    let request_id = record.as_ref().map(|record| record.id.clone());
+    let result = run_request_filter(plugin, request, request_id).await;
+    if let Some(record) = record.as_deref_mut() {
+        let outcome = match &result {
+            Ok(Step::Respond(_)) => Outcome::Respond,
+            Ok(Step::Continue(_)) => Outcome::Continue,
+            Err(error) => outcome(error),
+        };
+        record.plugin_call(&plugin.id, Hook::Request, started, outcome);
+    }
+    match result {
         Ok(step) => Ok(step),
         Err(error) => {
             plugin.on_failure(error)?;
+            if let Some(record) = record {
+                record.plugin_skipped(&plugin.id, Hook::Request);
+            }
             if let Some(before) = before {
                 *request = before;
             }
@@ -197,12 +261,30 @@ async fn request_filter(plugin: &LoadedPlugin, request: &mut PluginRequest) -> R
     }
 }
 
-async fn run_request_filter(plugin: &LoadedPlugin, request: &mut PluginRequest) -> Result<Step, PluginError> {
+/// How a failed call counts in metrics and spans.
+pub fn outcome(error: &PluginError) -> Outcome {
+    match error {
+        PluginError::Timeout(_) => Outcome::Timeout,
+        PluginError::MemoryLimit(_) => Outcome::MemoryLimit,
+        PluginError::Trap(_) | PluginError::ConfigRejected(_) => Outcome::Trap,
+        PluginError::InvalidEdit(_) => Outcome::InvalidEdit,
+        PluginError::Overloaded(_) => Outcome::Overloaded,
+    }
+}
+
+async fn run_request_filter(
+    plugin: &LoadedPlugin,
+    request: &mut PluginRequest,
+    request_id: Option<Arc<str>>,
+) -> Result<Step, PluginError> {
     let hooks = plugin.hooks();
     if hooks == Hooks::empty() {
         return Ok(Step::Continue(None));
     }
     let mut instance = plugin.instance().await?;
+    if let Some(request_id) = request_id {
+        instance.serve_request(request_id);
+    }
     if hooks.contains(Hooks::REQUEST) {
         match instance.request_filter(request).await? {
             RequestAction::Continue => {}

@@ -8,6 +8,9 @@ use sluice_oci::Registry;
 use sluice_runtime::Runtime;
 use tokio::sync::{Semaphore, watch};
 
+use sluice_telemetry::metrics;
+use sluice_telemetry::metrics::{ResourceLabels, ResultLabels};
+
 use crate::snapshot::{self, BuildReport, Snapshot};
 use crate::source::ConfigUpdate;
 use crate::upstream::UpstreamClient;
@@ -191,6 +194,7 @@ impl Gateway {
                 }
                 let build = self.report.load().build.clone();
                 self.report.store(Arc::new(Report { source_errors: errors, build }));
+                metrics().config_generations.get_or_create(&ResultLabels { result: "rejected" }).inc();
                 return Applied::Done;
             }
         };
@@ -214,6 +218,7 @@ impl Gateway {
         } else {
             Applied::Done
         };
+        count_applied(&next, &build);
         self.snapshot.store(Arc::new(next));
         let load_report =
             LoadReport { revision: desired.revision, plugins: build.plugins.clone(), routes: build.routes.clone() };
@@ -229,6 +234,31 @@ impl Gateway {
         }
         self.report.store(Arc::new(Report { source_errors: Vec::new(), build }));
         outcome
+    }
+}
+
+/// The metrics of a config just applied: its generation, and each declared
+/// resource's state (replacing the last config's).
+fn count_applied(next: &Snapshot, build: &BuildReport) {
+    let m = metrics();
+    m.config_generations.get_or_create(&ResultLabels { result: "applied" }).inc();
+    m.config_generation.set(i64::try_from(next.generation).unwrap_or(i64::MAX));
+    m.resource_state.clear();
+    let resources =
+        build.plugins.iter().map(|r| ("GatewayPlugin", r)).chain(build.routes.iter().map(|r| ("AIModelRoute", r)));
+    for (kind, (key, state)) in resources {
+        let labels = ResourceLabels {
+            kind,
+            namespace: key.namespace.as_str().into(),
+            name: key.name.as_str().into(),
+            state: match (state.ready, &state.digest) {
+                (true, _) => "ready",
+                (false, Some(_)) => "degraded",
+                (false, None) => "failed",
+            },
+            reason: state.reason.as_deref().unwrap_or("").into(),
+        };
+        m.resource_state.get_or_create(&labels).set(1);
     }
 }
 

@@ -18,6 +18,6 @@ mod sse;
 mod upstream;
 
 pub use gateway::{Gateway, Settings};
-pub use server::{serve_admin, serve_data_plane, serve_probes};
+pub use server::{serve_admin, serve_data_plane, serve_metrics, serve_probes};
 pub use snapshot::{BuildReport, Snapshot};
 pub use source::{ConfigUpdate, FileSource};

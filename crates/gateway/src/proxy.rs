@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -13,15 +12,21 @@ use sluice_core::ApiError;
 use sluice_runtime::Hooks;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::body::{Body, error_response, json_response};
+use sluice_telemetry::record::operation_of;
+use sluice_telemetry::{Attempt, RequestRecord, request_id, trace};
+
+use crate::body::{Body, ErrorCode, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
 
-use crate::response::{self, Exchange};
+use crate::response;
 use crate::snapshot::{Route, Snapshot};
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
+const REQUEST_ID: &str = request_id::HEADER;
+const TRACEPARENT: &str = "traceparent";
+
 const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by
@@ -33,33 +38,70 @@ const MAX_LISTING_CHECKS: usize = 1024;
 /// can cost.
 const MAX_UNKNOWN_MODEL_CHECKS: usize = 16;
 
-pub async fn handle(gateway: Arc<Gateway>, request: http::Request<Incoming>) -> http::Response<Body> {
+pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>) -> http::Response<Body> {
+    let mut record = start_record(&mut request);
+    let id = HeaderValue::from_str(&record.id).ok();
     // Shed load before doing any work: the permit lives as long as the
     // response, its stream included.
-    let Ok(permit) = gateway.in_flight.clone().try_acquire_owned() else {
-        let error = ApiError::overloaded(format_args!("{} requests in flight", gateway.settings.max_in_flight));
-        tracing::warn!(status = error.status, code = error.code, "{}", error.message);
-        return error_response(&error);
-    };
-    let response = match serve(&gateway, request).await {
-        Ok(response) => response,
-        Err(error) => {
-            if error.status >= 500 {
-                tracing::warn!(status = error.status, code = error.code, "{}", error.message);
-            }
+    let mut response = match gateway.in_flight.clone().try_acquire_owned() {
+        Err(_) => {
+            let error = ApiError::overloaded(format_args!("{} requests in flight", gateway.settings.max_in_flight));
+            tracing::warn!(status = error.status, code = error.code, request_id = &*record.id, "{}", error.message);
             error_response(&error)
         }
+        Ok(permit) => {
+            let response = match serve(&gateway, request, &mut record).await {
+                Ok(response) => response,
+                Err(error) => {
+                    if error.status >= 500 {
+                        tracing::warn!(
+                            status = error.status,
+                            code = error.code,
+                            request_id = &*record.id,
+                            "{}",
+                            error.message
+                        );
+                    }
+                    error_response(&error)
+                }
+            };
+            response.map(|body| {
+                body.map_frame(move |frame| {
+                    let _held = &permit;
+                    frame
+                })
+                .boxed_unsync()
+            })
+        }
     };
-    response.map(|body| {
-        body.map_frame(move |frame| {
-            let _held = &permit;
-            frame
-        })
-        .boxed_unsync()
-    })
+    if let Some(id) = id {
+        response.headers_mut().insert(REQUEST_ID, id);
+    }
+    // Unless the response body took the record over, the request ends here.
+    record.status = response.status().as_u16();
+    record.error_code = response.extensions().get::<ErrorCode>().map(|code| code.0);
+    record.finish();
+    response
 }
 
-async fn serve(gateway: &Gateway, request: http::Request<Incoming>) -> Result<http::Response<Body>, ApiError> {
+/// The request's record, with its id and trace context; the id goes on
+/// with the request, to plugins and the upstream.
+fn start_record(request: &mut http::Request<Incoming>) -> RequestRecord {
+    let headers = request.headers_mut();
+    let id = request_id::request_id(headers.get(REQUEST_ID).map(HeaderValue::as_bytes));
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        headers.insert(REQUEST_ID, value);
+    }
+    let mut record = RequestRecord::new(id, request.method().as_str(), request.uri().path());
+    record.trace = trace::start(request.headers().get(TRACEPARENT).map(HeaderValue::as_bytes));
+    record
+}
+
+async fn serve(
+    gateway: &Gateway,
+    request: http::Request<Incoming>,
+    record: &mut RequestRecord,
+) -> Result<http::Response<Body>, ApiError> {
     // Held to the end of the request: a config swap does not touch it.
     let snapshot = gateway.snapshot();
     let path = request.uri().path();
@@ -68,7 +110,7 @@ async fn serve(gateway: &Gateway, request: http::Request<Incoming>) -> Result<ht
             let (parts, _) = request.into_parts();
             Ok(list_models(&snapshot, &Outgoing::new(parts, Bytes::new())).await)
         }
-        (&Method::POST, p) if FORWARDED.contains(&p) => proxy(gateway, &snapshot, request).await,
+        (&Method::POST, p) if FORWARDED.contains(&p) => proxy(gateway, &snapshot, request, record).await,
         (method, p) if p == "/v1/models" || FORWARDED.contains(&p) => {
             Err(ApiError::method_not_allowed(method.as_str(), p))
         }
@@ -136,8 +178,9 @@ async fn proxy(
     gateway: &Gateway,
     snapshot: &Snapshot,
     request: http::Request<Incoming>,
+    record: &mut RequestRecord,
 ) -> Result<http::Response<Body>, ApiError> {
-    let started = Instant::now();
+    record.operation = operation_of(request.uri().path());
     let (parts, body) = request.into_parts();
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
@@ -152,8 +195,11 @@ async fn proxy(
     let Some(route) = snapshot.route_for(&model) else {
         return Ok(unknown_model(snapshot, &model, &outgoing).await);
     };
+    // The model is one the config names: a bounded label.
+    record.route = Some(route.label.clone());
+    record.model = Some(model.as_str().into());
     let (engaged, response_headers) =
-        match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes).await? {
+        match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes, record).await? {
             Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
             Filtered::Respond(response) => return Ok(response),
         };
@@ -162,9 +208,8 @@ async fn proxy(
         outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
 
-    let upstream = forward(gateway, route, outgoing).await?;
-    let exchange = Exchange { started, model, route: route.decl.key.to_string() };
-    response::respond(upstream, exchange, engaged, response_headers, &gateway.settings).await
+    let upstream = forward(gateway, route, outgoing, record).await?;
+    response::respond(upstream, engaged, response_headers, &gateway.settings, record).await
 }
 
 /// Reads the whole request body, within the per-request size limit, the
@@ -301,7 +346,12 @@ impl<'de, const KEEP: bool> serde::Deserialize<'de> for Checked<KEEP> {
     }
 }
 
-async fn forward(gateway: &Gateway, route: &Route, outgoing: Outgoing) -> Result<http::Response<Incoming>, ApiError> {
+async fn forward(
+    gateway: &Gateway,
+    route: &Route,
+    outgoing: Outgoing,
+    record: &mut RequestRecord,
+) -> Result<http::Response<Incoming>, ApiError> {
     // `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
     // backend URL names the API root, `/v1` included.
     let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path).to_string();
@@ -324,15 +374,48 @@ async fn forward(gateway: &Gateway, route: &Route, outgoing: Outgoing) -> Result
         if let Some(authorization) = &backend.authorization {
             headers.insert(header::AUTHORIZATION, authorization.clone());
         }
-        match tokio::time::timeout(timeout, gateway.upstream.send(request)).await {
-            Err(_) => return Err(ApiError::upstream_timeout(timeout.as_millis() as u64)),
-            Ok(Ok(response)) => return Ok(response),
+        // The upstream's parent span is this attempt's.
+        let span_id = record.trace.as_ref().map(|trace| {
+            let span_id = trace::new_span_id();
+            if let Ok(value) = HeaderValue::from_str(&trace.traceparent(span_id)) {
+                headers.insert(TRACEPARENT, value);
+            }
+            span_id
+        });
+        let start = record.elapsed();
+        let sent = tokio::time::timeout(timeout, gateway.upstream.send(request)).await;
+        let mut attempt = Attempt {
+            backend: backend.label.clone(),
+            start,
+            end: record.elapsed(),
+            status: None,
+            error: None,
+            span_id,
+        };
+        match sent {
+            Err(_) => {
+                let error = ApiError::upstream_timeout(timeout.as_millis() as u64);
+                attempt.error = Some(error.message.clone());
+                record.attempt(attempt);
+                return Err(error);
+            }
+            Ok(Ok(response)) => {
+                attempt.status = Some(response.status().as_u16());
+                record.attempt(attempt);
+                return Ok(response);
+            }
             // Nothing reached the backend: the next one may serve it.
             Ok(Err(error)) if error.is_connect() => {
-                tracing::warn!(backend = %backend.url, error = %error_chain(&error), "backend unreachable");
+                tracing::warn!(backend = %backend.label, error = %error_chain(&error), request_id = &*record.id, "backend unreachable");
+                attempt.error = Some(error_chain(&error));
+                record.attempt(attempt);
                 last_error = Some(error);
             }
-            Ok(Err(error)) => return Err(ApiError::upstream_unavailable(error_chain(&error))),
+            Ok(Err(error)) => {
+                attempt.error = Some(error_chain(&error));
+                record.attempt(attempt);
+                return Err(ApiError::upstream_unavailable(error_chain(&error)));
+            }
         }
     }
     Err(ApiError::upstream_unavailable(last_error.map(|e| error_chain(&e)).unwrap_or_else(|| "no backends".into())))

@@ -17,6 +17,8 @@ use hyper::body::Incoming;
 use sluice_core::ApiError;
 use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSummary, Usage};
 
+use sluice_telemetry::{Hook, RequestRecord, Tokens};
+
 use crate::body::{Body, BoxError, collect_limited, full};
 use crate::chain::Engaged;
 use crate::gateway::Settings;
@@ -30,23 +32,16 @@ const USAGE_COPY_LIMIT: usize = 1 << 20;
 /// The longest server-sent event held while waiting for its end.
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
-/// What the response phase needs to know about the request.
-pub struct Exchange {
-    pub started: Instant,
-    pub model: String,
-    pub route: String,
-}
-
 /// The response as the client receives it. Plugins engaged in the exchange
 /// see the head, then the body; a `Closed` plugin that fails before the head
 /// is sent turns the response into an error. `set_headers` are the headers
 /// plugins set for it from the request phase.
 pub async fn respond(
     upstream: http::Response<Incoming>,
-    exchange: Exchange,
     mut engaged: Vec<Engaged>,
     set_headers: http::HeaderMap,
     settings: &Settings,
+    record: &mut RequestRecord,
 ) -> Result<http::Response<Body>, ApiError> {
     let max_body_bytes = settings.max_body_bytes;
     let (mut head, body) = upstream.into_parts();
@@ -62,7 +57,7 @@ pub async fn respond(
         )));
     }
     engaged.reverse();
-    response_filters(&mut head, &mut engaged).await?;
+    response_filters(&mut head, &mut engaged, record).await?;
     crate::chain::set_all(&mut head.headers, &set_headers);
 
     let streamed = head
@@ -72,7 +67,7 @@ pub async fn respond(
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     let wanted = engaged.iter().fold(Hooks::empty(), |hooks, e| hooks | e.hooks());
     let mut body: Body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
-    let mut known_usage = None;
+    let mut known = None;
     if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
         // Only a `response-body` hook makes the gateway hold a whole body.
         let whole = collect_limited(body, max_body_bytes, settings.upstream_idle_timeout).await.map_err(|error| {
@@ -80,16 +75,21 @@ pub async fn respond(
                 "reading the upstream's response for response-body plugins: {error}"
             ))
         })?;
-        known_usage = usage_in(&whole);
-        body = full(response_body_filters(&mut engaged, whole, max_body_bytes).await?);
+        known = Some(reported_in(&whole));
+        body = full(response_body_filters(&mut engaged, whole, max_body_bytes, record).await?);
         head.headers.remove(header::CONTENT_LENGTH);
     } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let ended = Ended { exchange, status: head.status.as_u16(), streamed };
+    record.streamed = streamed;
+    record.status = head.status.as_u16();
+    let read_already = known.is_some();
+    if let Some(known) = known {
+        known.apply(record);
+    }
     // The body streams through frame by frame as the upstream sends it: SSE
-    // events reach the client as they are produced.
-    let body = relay(body, ended, engaged, known_usage, settings.upstream_idle_timeout);
+    // events reach the client as they are produced. It ends the request.
+    let body = relay(body, record.hand_off(), engaged, read_already, settings.upstream_idle_timeout);
     Ok(http::Response::from_parts(head, body))
 }
 
@@ -101,60 +101,63 @@ fn encoded(headers: &http::HeaderMap) -> Option<String> {
 }
 
 /// Runs `response-head` hooks; a plugin that wants nothing later is let go.
-async fn response_filters(head: &mut http::response::Parts, engaged: &mut Vec<Engaged>) -> Result<(), ApiError> {
+async fn response_filters(
+    head: &mut http::response::Parts,
+    engaged: &mut Vec<Engaged>,
+    record: &mut RequestRecord,
+) -> Result<(), ApiError> {
     for plugin in engaged.iter_mut().filter(|e| e.wants(Hooks::RESPONSE_HEAD)) {
+        let started = Instant::now();
         let view = sluice_runtime::Response { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
         let result = plugin.instance.response_filter(&view).await.and_then(|ResponseAction::Continue(edits)| {
             apply_edits(&mut head.headers, &edits.set_headers, &edits.remove_headers).map_err(PluginError::InvalidEdit)
         });
-        if let Err(error) = result {
-            plugin.fail(error)?;
-        }
+        plugin.settle(record, Hook::ResponseHead, started, result)?;
     }
     engaged.retain(|e| e.hooks().intersects(Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END));
     Ok(())
 }
 
-/// The exchange as the end of the response sees it.
-struct Ended {
-    exchange: Exchange,
-    status: u16,
-    /// The body is a `text/event-stream`.
-    streamed: bool,
-}
-
 /// Runs `response-body` hooks over a whole non-streamed body. An error is
 /// what a `Closed` plugin's failure turns into; the response has not been
 /// sent, so it can still become an error response.
-async fn response_body_filters(plugins: &mut [Engaged], mut body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+async fn response_body_filters(
+    plugins: &mut [Engaged],
+    mut body: Bytes,
+    limit: usize,
+    record: &mut RequestRecord,
+) -> Result<Bytes, ApiError> {
     for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_BODY)) {
-        match plugin.instance.response_body(&body).await {
-            Ok(Some(replacement)) if replacement.len() > limit => plugin.fail(PluginError::InvalidEdit(format!(
+        let started = Instant::now();
+        let result = plugin.instance.response_body(&body).await.and_then(|replacement| match replacement {
+            Some(replacement) if replacement.len() > limit => Err(PluginError::InvalidEdit(format!(
                 "the body it wrote ({} bytes) is over the limit of {limit} bytes",
                 replacement.len()
-            )))?,
-            Ok(Some(replacement)) => body = Bytes::from(replacement),
-            Ok(None) => {}
-            Err(error) => plugin.fail(error)?,
+            ))),
+            replacement => Ok(replacement),
+        });
+        if let Some(Some(replacement)) = plugin.settle(record, Hook::ResponseBody, started, result)? {
+            body = Bytes::from(replacement);
         }
     }
     Ok(body)
 }
 
 /// The body the client receives. It ends the exchange (`response-end`
-/// hooks, the access log) when the upstream's body ends, or when the client
-/// goes away.
-fn relay(upstream: Body, exchange: Ended, plugins: Vec<Engaged>, known_usage: Option<Usage>, idle: Duration) -> Body {
-    let chunk_hooks = exchange.streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
+/// hooks, the request's record) when the upstream's body ends, or when the
+/// client goes away. `known`: the usage and model were read already.
+fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bool, idle: Duration) -> Body {
+    let streamed = record.streamed;
+    let chunk_hooks = streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
         upstream: Some(upstream),
-        splitter: exchange.streamed.then(EventSplitter::default),
-        json_copy: (!exchange.streamed && known_usage.is_none()).then(BytesMut::new),
+        splitter: streamed.then(EventSplitter::default),
+        json_copy: (!streamed && !known).then(BytesMut::new),
         chunk_hooks,
         out: VecDeque::new(),
         failed: false,
         idle,
-        tail: Some(Tail { exchange, plugins, usage: known_usage, body_bytes: 0 }),
+        tail: Some(Tail { record, plugins }),
     };
     let frames = futures_util::stream::unfold(relay, |mut relay| async move {
         let frame = relay.next_frame().await?;
@@ -185,10 +188,8 @@ struct Relay {
 }
 
 struct Tail {
-    exchange: Ended,
+    record: RequestRecord,
     plugins: Vec<Engaged>,
-    usage: Option<Usage>,
-    body_bytes: u64,
 }
 
 impl Relay {
@@ -196,7 +197,11 @@ impl Relay {
         loop {
             if let Some(bytes) = self.out.pop_front() {
                 if let Some(tail) = &mut self.tail {
-                    tail.body_bytes += bytes.len() as u64;
+                    let record = &mut tail.record;
+                    if record.first_byte.is_none() && !bytes.is_empty() {
+                        record.first_byte = Some(record.elapsed());
+                    }
+                    record.response_bytes += bytes.len() as u64;
                 }
                 // A client that knows the length stops reading at the last
                 // byte, so the exchange ends before the last frame goes out.
@@ -290,7 +295,7 @@ impl Relay {
             self.event(event).await;
         }
         if let (Some(copy), Some(tail)) = (self.json_copy.take(), &mut self.tail) {
-            tail.usage = usage_in(&copy);
+            reported_in(&copy).apply(&mut tail.record);
         }
     }
 
@@ -302,15 +307,14 @@ impl Relay {
             }
             return;
         };
-        if data.contains("\"usage\"")
-            && let Some(usage) = usage_in(data.as_bytes())
-        {
-            tail.usage = Some(usage);
+        // Every chunk names the model; the last one may carry the usage.
+        if tail.record.response_model.is_none() || data.contains("\"usage\"") {
+            reported_in(data.as_bytes()).apply(&mut tail.record);
         }
         if !self.chunk_hooks {
             return;
         }
-        match response_chunk_filters(&mut tail.plugins, data).await {
+        match response_chunk_filters(&mut tail.plugins, data, &mut tail.record).await {
             Chunk::Pass => self.out.push_back(event),
             Chunk::Replace(data) => self.out.push_back(with_data(&event, &data)),
             Chunk::Drop => {}
@@ -359,20 +363,18 @@ enum Chunk {
     Failed(ApiError),
 }
 
-async fn response_chunk_filters(plugins: &mut [Engaged], data: String) -> Chunk {
+async fn response_chunk_filters(plugins: &mut [Engaged], data: String, record: &mut RequestRecord) -> Chunk {
     let mut current: Option<String> = None;
     for plugin in plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_CHUNK)) {
         let seen = current.as_deref().unwrap_or(&data);
-        match plugin.instance.response_chunk(seen).await {
-            Ok(ChunkAction::Pass) => {}
-            Ok(ChunkAction::Replace(replacement)) => current = Some(replacement),
-            Ok(ChunkAction::Drop) => return Chunk::Drop,
-            Ok(ChunkAction::Stop(last)) => return Chunk::Stop(last),
-            Err(error) => {
-                if let Err(error) = plugin.fail(error) {
-                    return Chunk::Failed(error);
-                }
-            }
+        let started = Instant::now();
+        let result = plugin.instance.response_chunk(seen).await;
+        match plugin.settle(record, Hook::ResponseChunk, started, result) {
+            Ok(Some(ChunkAction::Pass) | None) => {}
+            Ok(Some(ChunkAction::Replace(replacement))) => current = Some(replacement),
+            Ok(Some(ChunkAction::Drop)) => return Chunk::Drop,
+            Ok(Some(ChunkAction::Stop(last))) => return Chunk::Stop(last),
+            Err(error) => return Chunk::Failed(error),
         }
     }
     match current {
@@ -383,34 +385,62 @@ async fn response_chunk_filters(plugins: &mut [Engaged], data: String) -> Chunk 
 
 impl Tail {
     async fn end(mut self, completed: bool) {
-        let exchange = &self.exchange;
+        let record = &mut self.record;
+        record.completed = completed;
         let summary = ResponseSummary {
-            status: exchange.status,
-            streamed: exchange.streamed,
-            usage: self.usage,
-            body_bytes: self.body_bytes,
+            status: record.status,
+            streamed: record.streamed,
+            usage: record.tokens.map(|t| Usage {
+                prompt_tokens: t.input as u32,
+                completion_tokens: t.output as u32,
+                total_tokens: (t.input + t.output).min(u64::from(u32::MAX)) as u32,
+            }),
+            body_bytes: record.response_bytes,
             completed,
-            duration_ms: exchange.exchange.started.elapsed().as_millis() as u64,
+            duration_ms: record.elapsed().as_millis() as u64,
         };
-        tracing::debug!(
-            route = exchange.exchange.route,
-            model = exchange.exchange.model,
-            status = summary.status,
-            streamed = summary.streamed,
-            completed,
-            prompt_tokens = self.usage.map(|u| u.prompt_tokens),
-            completion_tokens = self.usage.map(|u| u.completion_tokens),
-            body_bytes = summary.body_bytes,
-            duration_ms = summary.duration_ms,
-            "response ended"
-        );
         for plugin in self.plugins.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_END)) {
             // Nothing can change any more; a failure is only worth a log line.
-            if let Err(error) = plugin.instance.response_end(&summary).await {
-                tracing::warn!(plugin = plugin.name(), %error, "response-end hook failed");
+            let started = Instant::now();
+            let result = plugin.instance.response_end(&summary).await;
+            if let Err(error) = &result {
+                tracing::warn!(plugin = plugin.name(), %error, request_id = &*record.id, "response-end hook failed");
             }
+            let _ = plugin.settle(record, Hook::ResponseEnd, started, result);
+        }
+        self.record.finish();
+    }
+}
+
+/// What an upstream's response (or one stream event) says about itself.
+#[derive(Default)]
+struct Reported {
+    usage: Option<Usage>,
+    model: Option<String>,
+}
+
+/// The longest response model name kept, in bytes.
+const MAX_MODEL_BYTES: usize = 256;
+
+impl Reported {
+    fn apply(self, record: &mut RequestRecord) {
+        if let Some(usage) = self.usage {
+            record.tokens = Some(Tokens { input: usage.prompt_tokens.into(), output: usage.completion_tokens.into() });
+        }
+        if let Some(mut model) = self.model {
+            model.truncate(model.floor_char_boundary(MAX_MODEL_BYTES));
+            record.response_model = Some(model);
         }
     }
+}
+
+fn reported_in(json: &[u8]) -> Reported {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        model: Option<String>,
+    }
+    let model = serde_json::from_slice::<Model>(json).ok().and_then(|m| m.model);
+    Reported { usage: usage_in(json), model }
 }
 
 /// The `usage` object of an OpenAI response or final stream chunk.

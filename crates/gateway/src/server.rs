@@ -1,4 +1,5 @@
-//! The gateway's two listeners: the OpenAI API and the admin API.
+//! The gateway's listeners: the OpenAI API, the admin API, and optionally
+//! the probes and the metrics on listeners of their own.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -39,6 +40,21 @@ pub async fn serve_admin(gateway: Arc<Gateway>, listener: TcpListener, shutdown:
     sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
         let gateway = gateway.clone();
         async move { crate::admin::handle(&gateway, request) }
+    })
+    .await
+}
+
+/// Serves /metrics (and nothing else): the address Prometheus scrapes, which
+/// may face the pod network while the admin listener stays on loopback.
+pub async fn serve_metrics(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
+        let gateway = gateway.clone();
+        async move {
+            match request.uri().path() {
+                "/metrics" => crate::admin::metrics(&gateway),
+                path => crate::body::error_response(&sluice_core::ApiError::not_found(path)),
+            }
+        }
     })
     .await
 }

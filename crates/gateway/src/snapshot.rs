@@ -14,6 +14,8 @@ use sluice_core::{
 };
 use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
+use sluice_telemetry::metrics::ResultLabels;
+use sluice_telemetry::{Label, PluginId};
 
 #[derive(Default)]
 pub struct Snapshot {
@@ -27,10 +29,14 @@ pub struct Snapshot {
 pub struct LoadedPlugin {
     pub decl: PluginDecl,
     pub configured: ConfiguredPlugin,
+    /// How metrics, logs and spans name this version.
+    pub id: Arc<PluginId>,
 }
 
 pub struct Route {
     pub decl: RouteDecl,
+    /// `namespace/name`, as metrics and logs name it.
+    pub label: Label,
     pub chain: Vec<Arc<LoadedPlugin>>,
     pub backends: Vec<Backend>,
     next_backend: AtomicUsize,
@@ -38,6 +44,8 @@ pub struct Route {
 
 pub struct Backend {
     pub url: String,
+    /// The URL, as metrics and logs name the backend.
+    pub label: Label,
     pub model: Option<String>,
     /// The `Authorization` value to send, already resolved.
     pub authorization: Option<HeaderValue>,
@@ -108,6 +116,17 @@ impl Route {
     pub fn backends_in_order(&self) -> impl Iterator<Item = &Backend> {
         let start = self.next_backend.fetch_add(1, Ordering::Relaxed) % self.backends.len().max(1);
         self.backends.iter().cycle().skip(start).take(self.backends.len())
+    }
+}
+
+/// A backend URL without credentials in it (`user:password@`), the way
+/// metrics and logs show it.
+fn url_label(url: &str) -> Label {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]).into(),
+        None => url.into(),
     }
 }
 
@@ -333,7 +352,12 @@ async fn load_plugin(
         });
     }
     tracing::info!(plugin = %decl.key, source = %decl.source, digest = %module.digest(), "plugin loaded");
-    Ok(Arc::new(LoadedPlugin { decl: decl.clone(), configured }))
+    let id = Arc::new(PluginId {
+        namespace: decl.key.namespace.as_str().into(),
+        name: decl.key.name.as_str().into(),
+        digest: configured.digest().into(),
+    });
+    Ok(Arc::new(LoadedPlugin { decl: decl.clone(), configured, id }))
 }
 
 /// Fetches an OCI plugin's module, verified against the pin if there is one.
@@ -355,7 +379,18 @@ async fn pull(
         }
         RegistryCredentials::DockerConfigJson(json) => PullCredentials::DockerConfigJson(json.expose().to_string()),
     });
-    match registry.pull_as(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref()).await {
+    let pulled = registry.pull_as(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref()).await;
+    let result = match &pulled {
+        Ok(pulled) => match pulled.origin {
+            sluice_oci::Origin::Registry => "pulled",
+            sluice_oci::Origin::Cache => "cache_hit",
+            sluice_oci::Origin::StaleCache => "stale_cache",
+        },
+        Err(sluice_oci::OciError::DigestMismatch { .. }) => "digest_mismatch",
+        Err(_) => "failed",
+    };
+    sluice_telemetry::metrics().oci_pulls.get_or_create(&ResultLabels { result }).inc();
+    match pulled {
         Ok(pulled) => {
             tracing::debug!(plugin = %decl.key, %reference, manifest = %pulled.manifest_digest, origin = ?pulled.origin, "module pulled");
             Ok(pulled.module.to_vec())
@@ -385,10 +420,11 @@ fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin
         .iter()
         .map(|b| {
             let authorization = b.api_key.as_ref().map(resolve_api_key).transpose()?;
-            Ok(Backend { url: b.url.clone(), model: b.model.clone(), authorization })
+            Ok(Backend { url: b.url.clone(), label: url_label(&b.url), model: b.model.clone(), authorization })
         })
         .collect::<Result<_, String>>()?;
-    Ok(Route { decl: decl.clone(), chain, backends, next_backend: AtomicUsize::new(0) })
+    let label = decl.key.to_string().into();
+    Ok(Route { decl: decl.clone(), label, chain, backends, next_backend: AtomicUsize::new(0) })
 }
 
 fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
@@ -413,6 +449,14 @@ mod tests {
     use sluice_runtime::RuntimeConfig;
 
     use super::*;
+
+    #[test]
+    fn backend_labels_carry_no_credentials() {
+        assert_eq!(&*url_label("https://user:secret@api.example.com/v1"), "https://api.example.com/v1");
+        assert_eq!(&*url_label("http://127.0.0.1:9000/v1"), "http://127.0.0.1:9000/v1");
+        // An `@` in the path is not userinfo.
+        assert_eq!(&*url_label("http://h/v1/@x"), "http://h/v1/@x");
+    }
 
     /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
     fn dist(name: &str) -> PathBuf {

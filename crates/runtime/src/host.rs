@@ -33,6 +33,8 @@ pub(crate) struct PluginState {
     /// gets a context with no preopens, no network, no env and no stdio.
     wasi: WasiCtx,
     pub(crate) table: ResourceTable,
+    /// The request the instance serves now, for attributing log lines.
+    pub request_id: Option<Arc<str>>,
 }
 
 impl PluginState {
@@ -53,6 +55,7 @@ impl PluginState {
             tokens,
             wasi: WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build(),
             table: ResourceTable::new(),
+            request_id: None,
         }
     }
 }
@@ -135,7 +138,8 @@ impl PluginState {
                 if tracing::enabled!(target: LOG_TARGET, $level)
                     && let Some((message, fields)) = self.admit(&message, &fields)
                 {
-                    tracing::event!(target: LOG_TARGET, $level, plugin = &*self.plugin, fields, "{message}");
+                    let request_id = self.request_id.as_deref();
+                    tracing::event!(target: LOG_TARGET, $level, plugin = &*self.plugin, request_id, fields, "{message}");
                 }
             };
         }

@@ -245,6 +245,13 @@ impl ConfiguredPlugin {
         self.isolation
     }
 
+    /// Its instances serving requests now, and those idle waiting for one.
+    pub fn instances(&self) -> (usize, usize) {
+        let in_use = self.module.shared.max_instances_per_plugin.saturating_sub(self.busy.available_permits());
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).len();
+        (in_use, idle)
+    }
+
     /// Where its new instances start from now.
     pub fn instances_start_from(&self) -> InstanceStart {
         match &self.snapshot {
@@ -338,6 +345,13 @@ pub struct PluginInstance {
 }
 
 impl PluginInstance {
+    /// The request this instance serves from now on: its log lines name it.
+    pub fn serve_request(&mut self, request_id: Arc<str>) {
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().request_id = Some(request_id);
+        }
+    }
+
     /// Runs the request hook: the plugin's edits are made to `request` as
     /// it goes. On an error they may have been made in part; a caller that
     /// goes on without the plugin (`failurePolicy: Open`) keeps a copy.

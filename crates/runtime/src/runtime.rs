@@ -198,14 +198,18 @@ impl Runtime {
 
     fn compile(&self, digest: &str, bytes: Arc<[u8]>) -> Result<Arc<PluginModule>, LoadError> {
         let component = match self.artifact_path(digest) {
-            Some(path) => self.compile_cached(&path, &bytes)?,
-            None => self.compile_fresh(&bytes)?,
+            Some(path) => self.compile_cached(&path, &bytes),
+            None => self.compile_fresh(&bytes),
         };
+        if component.is_err() {
+            count_compile("failed");
+        }
+        let component = component?;
         let incompatible = |e: wasmtime::Error| LoadError::Incompatible(format!("{e:#}"));
-        // The BPE tables are tens of MiB: loaded for the first plugin that
-        // can count tokens, here (off the async workers, before the plugin
-        // serves) so its first `count-tokens` call does not spend its
-        // deadline on them.
+        // The pre-tokenizers' regexes take a few ms to compile: done for the
+        // first plugin that can count tokens, here (off the async workers,
+        // before the plugin serves) so its first `count-tokens` call does not
+        // spend its deadline on them.
         if imports_host_func(&component, "count-tokens") {
             crate::tokens::warm_up();
         }
@@ -225,7 +229,12 @@ impl Runtime {
                     .into(),
             ));
         }
-        Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
+        let started = std::time::Instant::now();
+        let component = Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let metrics = sluice_telemetry::metrics();
+        metrics.plugin_compile_duration.observe(started.elapsed().as_secs_f64());
+        count_compile("compiled");
+        Ok(component)
     }
 
     /// Loads the precompiled artifact if a valid one is on disk, otherwise
@@ -237,7 +246,10 @@ impl Runtime {
             // by `Component::serialize` of this engine configuration (the
             // file name carries the engine's compatibility hash).
             match unsafe { Component::deserialize_file(&self.inner.engine, path) } {
-                Ok(component) => return Ok(component),
+                Ok(component) => {
+                    count_compile("cache_hit");
+                    return Ok(component);
+                }
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unreadable cached artifact"),
             }
         }
@@ -255,6 +267,13 @@ impl Runtime {
         let hex = digest.trim_start_matches("sha256:");
         Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
     }
+}
+
+/// Counts a plugin version made ready to run: `compiled`, `cache_hit` (from
+/// the compiled-artifact cache) or `failed`.
+fn count_compile(result: &'static str) {
+    let labels = sluice_telemetry::metrics::ResultLabels { result };
+    sluice_telemetry::metrics().plugin_compiles.get_or_create(&labels).inc();
 }
 
 /// Creates the compiled-artifact cache 0700 and refuses one that someone

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sluice::{oci_cmd, run, shutdown_signal};
+use sluice_telemetry::LogFormat;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -13,6 +14,9 @@ use tokio::net::TcpListener;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// `json` or `text` [default: json, or text when stderr is a terminal].
+    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT")]
+    log_format: Option<sluice_telemetry::LogFormat>,
 }
 
 #[derive(Subcommand)]
@@ -40,12 +44,8 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal, not in files or pod logs.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Held to the end: dropping it writes out the lines still buffered.
+    let _logs = sluice_telemetry::logging::init(cli.log_format.unwrap_or_else(LogFormat::default_for_stderr));
     match cli.command {
         Command::Crds => {
             print!("{}", sluice_api::crds_yaml());

@@ -76,7 +76,7 @@ pub struct RunArgs {
     /// Data plane (OpenAI API) address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Admin address: /healthz, /readyz, /admin/config. The config view
+    /// Admin address: /healthz, /readyz, /metrics, /admin/config. The config view
     /// tells what is routed where: keep it on loopback (the default) and
     /// give probes their own listener with --probes.
     #[arg(long, default_value = "127.0.0.1:9901")]
@@ -147,6 +147,46 @@ pub struct RunArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// Metrics, traces and the access log.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryArgs {
+    /// Also serve /metrics (and nothing else) here, for Prometheus to
+    /// scrape over the pod network, e.g. 0.0.0.0:9903. The admin listener
+    /// serves /metrics too.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+    /// One line per request at info, target `sluice::access`: ids, route,
+    /// model, backend, status, timings, tokens and plugin outcomes; never
+    /// prompt text or secrets.
+    #[arg(long, env = "SLUICE_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub access_log: bool,
+    /// Distinct consumers (as auth plugins name them) metrics tell apart;
+    /// the rest count as `other`.
+    #[arg(long, default_value_t = 100)]
+    pub metrics_max_consumers: usize,
+    /// Distinct response models (as upstreams name them) metrics tell
+    /// apart; the rest count as `other`.
+    #[arg(long, default_value_t = 100)]
+    pub metrics_max_response_models: usize,
+    /// Send traces to this OTLP collector (a span per request, per plugin
+    /// hook and per upstream attempt). Off by default; the standard
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+    /// also turn it on.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` [default: `OTEL_EXPORTER_OTLP_PROTOCOL`,
+    /// else http/protobuf].
+    #[arg(long)]
+    pub otlp_protocol: Option<sluice_telemetry::trace::Protocol>,
+    /// The share of requests traced, 0 to 1, unless the client's
+    /// `traceparent` decides [default: `OTEL_TRACES_SAMPLER(_ARG)`, else 1].
+    #[arg(long, value_name = "RATIO")]
+    pub trace_sample_ratio: Option<f64>,
 }
 
 /// What one client, or many at once, may hold on the data plane. The admin
@@ -206,10 +246,25 @@ pub fn tokio_runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::R
 /// first, requests are still served for `--shutdown-delay-seconds`, then
 /// in-flight requests get `--drain-seconds` to finish.
 pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let telemetry = &args.telemetry;
+    let traces = sluice_telemetry::trace::init(sluice_telemetry::trace::TraceConfig {
+        endpoint: telemetry.otlp_endpoint.clone(),
+        protocol: telemetry.otlp_protocol,
+        sample_ratio: telemetry.trace_sample_ratio,
+    })
+    .context("setting up tracing")?;
     let gateway = build_gateway(&args)?;
+    sluice_telemetry::metrics().set_caps(telemetry.metrics_max_consumers, telemetry.metrics_max_response_models);
+    if telemetry.access_log {
+        sluice_telemetry::logging::enable_access_log();
+    }
     let data = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let admin = TcpListener::bind(args.admin).await.with_context(|| format!("binding {}", args.admin))?;
     let probes = match args.probes {
+        Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+        None => None,
+    };
+    let metrics = match telemetry.metrics {
         Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
         None => None,
     };
@@ -221,7 +276,10 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
 
     let admin_task = tokio::spawn(sluice_gateway::serve_admin(gateway.clone(), admin, stopped(stop_rx.clone())));
     if let Some(probes) = probes {
-        tokio::spawn(sluice_gateway::serve_probes(gateway.clone(), probes, stopped(stop_rx)));
+        tokio::spawn(sluice_gateway::serve_probes(gateway.clone(), probes, stopped(stop_rx.clone())));
+    }
+    if let Some(metrics) = metrics {
+        tokio::spawn(sluice_gateway::serve_metrics(gateway.clone(), metrics, stopped(stop_rx)));
     }
     let draining = gateway.clone();
     let shutdown_delay = Duration::from_secs(args.shutdown_delay_seconds);
@@ -240,6 +298,10 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
     if let Some(controller) = controller {
         // Hands the lead over and withdraws this replica's report.
         let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    }
+    if let Some(traces) = traces {
+        // Sends the spans still queued.
+        tokio::task::spawn_blocking(move || traces.shutdown()).await.ok();
     }
     tracing::info!("stopped");
     Ok(())
