@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_oci::{Reference, RegistryOptions};
-use sluice_tests::{Echo, Gateway, KubeCluster, Options, Registry, eventually, plugin_wasm};
+use sluice_tests::{Echo, Gateway, KubeCluster, Options, Prometheus, Registry, eventually, plugin_wasm};
 use tokio::sync::OnceCell;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -218,6 +218,15 @@ async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_d
         p["metadata"]["generation"] == 2 && condition(p, "Ready") == Some(("True", "Loaded"))
     })
     .await;
+
+    // The leader's reconciles, as a real Prometheus scrapes them.
+    let prometheus = Prometheus::start(&[gateway.admin_addr()]).await;
+    for kind in ["GatewayPlugin", "AIModelRoute"] {
+        let reconciled = format!(r#"sluice_reconciles_total{{kind="{kind}",result="ok"}} > 0"#);
+        prometheus.wait_for(&reconciled, Duration::from_secs(60)).await;
+        let timed = prometheus.query(&format!(r#"sluice_reconcile_duration_seconds_count{{kind="{kind}"}}"#)).await;
+        assert!(timed.len() == 1 && timed[0].1 > 0.0, "{kind}: {timed:?}");
+    }
 
     // Deleting the route takes it out of the data plane.
     cluster.kubectl_ok(&["delete", "aimodelroute", "chat", "-n", &ns]).await;
