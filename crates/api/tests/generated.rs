@@ -97,7 +97,8 @@ fn kubernetes_manifests_refer_to_each_other() {
 
     let deployment: Deployment = read(one("Deployment"));
     let spec = deployment.spec.unwrap();
-    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    let pod_metadata = spec.template.metadata.unwrap();
+    let pod_labels = pod_metadata.labels.unwrap();
     let selects_pods = |what: &str, selector: &BTreeMap<String, String>| {
         assert!(!selector.is_empty(), "{what} selects nothing");
         for (key, value) in selector {
@@ -127,7 +128,7 @@ fn kubernetes_manifests_refer_to_each_other() {
         assert!(matches!(port, IntOrString::String(name) if ports.contains_key(name)), "probe on port {port:?}");
     }
     // Issue 11.5: the config view stays on loopback, probes get their own
-    // port, and the NetworkPolicy admits the API and probe ports only.
+    // port, and the NetworkPolicy admits the API, probe and metrics ports only.
     let arg = |flag: &str| container.args.iter().flatten().find_map(|a| a.strip_prefix(flag)).map(str::to_string);
     let admin = arg("--admin=").unwrap_or_else(|| "127.0.0.1:9901".into());
     assert!(admin.starts_with("127.0.0.1:"), "the admin listener (config view) is on {admin}");
@@ -151,7 +152,17 @@ fn kubernetes_manifests_refer_to_each_other() {
             IntOrString::Int(number) => number.to_string(),
         })
         .collect();
-    assert_eq!(admitted, BTreeSet::from(["http".to_string(), "probes".to_string()]));
+    assert_eq!(admitted, BTreeSet::from(["http", "metrics", "probes"].map(String::from)));
+    // Issue 14: /metrics on a port of its own, the one the pods' scrape
+    // annotations name.
+    let metrics = arg("--metrics=").expect("--metrics is set");
+    let metrics_port: i32 = metrics.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(ports.get("metrics"), Some(&metrics_port));
+    let annotations = pod_metadata.annotations.unwrap_or_default();
+    let annotation = |key: &str| annotations.get(key).map(String::as_str);
+    assert_eq!(annotation("prometheus.io/scrape"), Some("true"));
+    assert_eq!(annotation("prometheus.io/port"), Some(metrics_port.to_string().as_str()));
+    assert_eq!(annotation("prometheus.io/path"), Some("/metrics"));
 
     let account: ServiceAccount = read(one("ServiceAccount"));
     let account = account.metadata.name.unwrap();
