@@ -168,12 +168,100 @@ async fn every_metric_family_reaches_a_real_prometheus() {
     // The build.
     let build = prometheus.query("sluice_build_info").await;
     assert_eq!(build[0].0["version"], env!("CARGO_PKG_VERSION"), "{build:?}");
+    dashboard_queries_run(&prometheus).await;
     // No label carries what the client wrote: no prompt, no key, no model
     // that no route serves.
     let all = gateway.client().get(&gateway.admin_url("/metrics")).await.text();
     for text in ["hello", API_KEY, "no-such-model"] {
         assert!(!all.contains(text), "the metrics hold {text:?}:\n{all}");
     }
+}
+
+/// Every query of the Grafana dashboard runs against the real Prometheus,
+/// and names only metrics the gateway exports (the controller's, which a
+/// standalone gateway has none of, are checked in the Kubernetes tests).
+async fn dashboard_queries_run(prometheus: &Prometheus) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/sluice.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    collect_exprs(&dashboard, &mut queries);
+    assert!(queries.len() >= 20, "{} queries in the dashboard", queries.len());
+    let exported: Vec<String> = prometheus
+        .query(r#"count by (__name__) ({__name__=~"sluice_.+|gen_ai_.+"})"#)
+        .await
+        .into_iter()
+        .map(|(labels, _)| labels["__name__"].clone())
+        .collect();
+    let controller_only = ["sluice_reconciles_total", "sluice_reconcile_duration_seconds"];
+    for query in &queries {
+        for metric in metric_names(query) {
+            let known = exported.contains(&metric) || controller_only.iter().any(|c| metric.starts_with(c));
+            assert!(known, "the dashboard's `{query}` names {metric}, which is not exported: {exported:?}");
+        }
+        let query = query
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "5m")
+            .replace("$__interval", "1m")
+            .replace("${datasource}", "")
+            .replace("$route", ".*")
+            .replace("$model", ".*")
+            .replace("$namespace", ".*")
+            .replace("$plugin", ".*");
+        // Panics with Prometheus's error if the query does not parse.
+        prometheus.query(&query).await;
+    }
+}
+
+fn collect_exprs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match value {
+                    Value::String(expr) if key == "expr" => out.push(expr.clone()),
+                    value => collect_exprs(value, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_exprs(item, out)),
+        _ => {}
+    }
+}
+
+/// The metric names in a PromQL query: words starting `sluice_` or `gen_ai_`
+/// outside label matchers (`{…}`) and label lists (`by (…)`, `on (…)`, …).
+fn metric_names(query: &str) -> Vec<String> {
+    const LABEL_LISTS: [&str; 6] = ["by", "without", "on", "ignoring", "group_left", "group_right"];
+    let mut names = Vec::new();
+    let mut rest = query;
+    while let Some(c) = rest.chars().next() {
+        if c == '{' || c == '"' {
+            // A matcher, or a string: skip to its end.
+            let end = if c == '{' { '}' } else { '"' };
+            rest = rest[1..].find(end).map_or("", |i| &rest[i + 2..]);
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let len = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+            let (word, after) = rest.split_at(len);
+            let after_space = after.trim_start();
+            if LABEL_LISTS.contains(&word) && after_space.starts_with('(') {
+                rest = after_space.find(')').map_or("", |i| &after_space[i + 1..]);
+                continue;
+            }
+            if word.starts_with("sluice_") || word.starts_with("gen_ai_") {
+                names.push(word.to_string());
+            }
+            rest = after;
+        } else {
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_found_outside_matchers_and_label_lists() {
+    let query = r#"histogram_quantile(0.99, sum by (le, gen_ai_request_model) (rate(gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_token_type="x", route=~"$route"}[1m]))) / on (route) sluice_requests_total"#;
+    assert_eq!(metric_names(query), ["gen_ai_server_time_to_first_token_seconds_bucket", "sluice_requests_total"]);
+    assert_eq!(metric_names("count by (version) (sluice_bogus_info)"), ["sluice_bogus_info"]);
 }
 
 /// The JSON lines of the gateway's log.
