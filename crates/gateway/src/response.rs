@@ -434,22 +434,15 @@ impl Reported {
     }
 }
 
+/// Read in one pass: the body may be large, and every request has one.
 fn reported_in(json: &[u8]) -> Reported {
     #[derive(serde::Deserialize)]
-    struct Model {
-        model: Option<String>,
-    }
-    let model = serde_json::from_slice::<Model>(json).ok().and_then(|m| m.model);
-    Reported { usage: usage_in(json), model }
-}
-
-/// The `usage` object of an OpenAI response or final stream chunk.
-pub fn usage_in(json: &[u8]) -> Option<Usage> {
-    #[derive(serde::Deserialize)]
-    struct WithUsage {
+    struct Raw {
         // An object, as OpenAI sends it: serde would also read a struct
         // from an array (`[1, 2]`), which no upstream means as usage.
         usage: Option<serde_json::Map<String, serde_json::Value>>,
+        #[serde(default)]
+        model: StringOrNot,
     }
     #[derive(serde::Deserialize)]
     struct Counts {
@@ -460,14 +453,63 @@ pub fn usage_in(json: &[u8]) -> Option<Usage> {
         #[serde(default)]
         total_tokens: u32,
     }
-    let usage = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
-    let counts: Counts = serde_json::from_value(serde_json::Value::Object(usage)).ok()?;
-    Some(Usage {
+    let Ok(raw) = serde_json::from_slice::<Raw>(json) else { return Reported::default() };
+    let counts = raw.usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage)).ok());
+    let usage = counts.map(|counts| Usage {
         prompt_tokens: counts.prompt_tokens,
         completion_tokens: counts.completion_tokens,
         // Saturating: a hostile upstream's counts must not overflow.
         total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
-    })
+    });
+    Reported { usage, model: raw.model.0 }
+}
+
+/// Any JSON value; kept if it is a string.
+#[derive(Default)]
+struct StringOrNot(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for StringOrNot {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = StringOrNot;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, text: &str) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(Some(text.to_string())))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(None))
+            }
+            fn visit_unit<E>(self) -> Result<StringOrNot, E> {
+                Ok(StringOrNot(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<StringOrNot, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(StringOrNot(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StringOrNot, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(StringOrNot(None))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// The `usage` object of an OpenAI response or final stream chunk.
+pub fn usage_in(json: &[u8]) -> Option<Usage> {
+    reported_in(json).usage
 }
 
 #[cfg(test)]

@@ -352,11 +352,7 @@ async fn load_plugin(
         });
     }
     tracing::info!(plugin = %decl.key, source = %decl.source, digest = %module.digest(), "plugin loaded");
-    let id = Arc::new(PluginId {
-        namespace: decl.key.namespace.as_str().into(),
-        name: decl.key.name.as_str().into(),
-        digest: configured.digest().into(),
-    });
+    let id = Arc::new(PluginId::new(&decl.key.namespace, &decl.key.name, configured.digest()));
     Ok(Arc::new(LoadedPlugin { decl: decl.clone(), configured, id }))
 }
 

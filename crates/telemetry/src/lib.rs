@@ -12,7 +12,6 @@ pub mod record;
 pub mod request_id;
 pub mod trace;
 
-pub use access::fields as access_log_fields;
 pub use logging::LogFormat;
 pub use metrics::{Label, metrics};
 pub use record::{Attempt, Hook, Outcome, PluginId, RequestRecord, Tokens};

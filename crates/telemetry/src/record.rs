@@ -2,17 +2,76 @@
 //! finished once, when its response ends: the metrics, the access log line
 //! and the trace all come from it, in [`RequestRecord::finish`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::metrics::{self, Label, metrics};
 
 /// A plugin version as telemetry names it.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PluginId {
     pub namespace: Label,
     pub name: Label,
     pub digest: Label,
+    /// Its metrics per hook, looked up on first use: a call then costs no
+    /// label hashing.
+    hooks: [OnceLock<HookMetrics>; HOOKS],
+}
+
+const HOOKS: usize = 5;
+const OUTCOMES: usize = 7;
+// The arrays above are indexed by these enums.
+const _: () = assert!(Hook::ResponseEnd as usize + 1 == HOOKS && Outcome::Overloaded as usize + 1 == OUTCOMES);
+
+#[derive(Debug)]
+struct HookMetrics {
+    duration: Histogram,
+    outcomes: [OnceLock<Counter>; OUTCOMES],
+    skipped: OnceLock<Counter>,
+}
+
+impl PluginId {
+    pub fn new(namespace: &str, name: &str, digest: &str) -> Self {
+        Self { namespace: namespace.into(), name: name.into(), digest: digest.into(), hooks: Default::default() }
+    }
+
+    fn labels(&self, hook: Hook) -> metrics::PluginHookLabels {
+        metrics::PluginHookLabels {
+            namespace: self.namespace.clone(),
+            plugin: self.name.clone(),
+            digest: self.digest.clone(),
+            hook: hook.as_str(),
+        }
+    }
+
+    fn hook(&self, hook: Hook) -> &HookMetrics {
+        self.hooks[hook as usize].get_or_init(|| HookMetrics {
+            duration: metrics().plugin_duration.get_or_create_owned(&self.labels(hook)),
+            outcomes: Default::default(),
+            skipped: OnceLock::new(),
+        })
+    }
+
+    fn outcome(&self, hook: Hook, outcome: Outcome) -> &Counter {
+        self.hook(hook).outcomes[outcome as usize].get_or_init(|| {
+            let labels = self.labels(hook);
+            let labels = metrics::PluginOutcomeLabels {
+                namespace: labels.namespace,
+                plugin: labels.plugin,
+                digest: labels.digest,
+                hook: labels.hook,
+                outcome: outcome.as_str(),
+            };
+            metrics().plugin_invocations.get_or_create_owned(&labels)
+        })
+    }
+
+    fn skipped(&self, hook: Hook) -> &Counter {
+        self.hook(hook).skipped.get_or_init(|| metrics().plugin_skipped.get_or_create_owned(&self.labels(hook)))
+    }
 }
 
 /// A plugin hook.
@@ -194,22 +253,8 @@ impl RequestRecord {
     pub fn plugin_call(&mut self, plugin: &Arc<PluginId>, hook: Hook, started: Instant, outcome: Outcome) {
         let now = Instant::now();
         let took = now.saturating_duration_since(started);
-        let m = metrics();
-        let labels = metrics::PluginHookLabels {
-            namespace: plugin.namespace.clone(),
-            plugin: plugin.name.clone(),
-            digest: plugin.digest.clone(),
-            hook: hook.as_str(),
-        };
-        m.plugin_duration.get_or_create(&labels).observe(took.as_secs_f64());
-        let labels = metrics::PluginOutcomeLabels {
-            namespace: labels.namespace,
-            plugin: labels.plugin,
-            digest: labels.digest,
-            hook: labels.hook,
-            outcome: outcome.as_str(),
-        };
-        m.plugin_invocations.get_or_create(&labels).inc();
+        plugin.hook(hook).duration.observe(took.as_secs_f64());
+        plugin.outcome(hook, outcome).inc();
 
         let since = |at: Instant| at.saturating_duration_since(self.started);
         let (first_start, last_end) = (since(started), since(now));
@@ -236,13 +281,7 @@ impl RequestRecord {
 
     /// The plugin's last call failed and it is skipped from here on.
     pub fn plugin_skipped(&mut self, plugin: &Arc<PluginId>, hook: Hook) {
-        let labels = metrics::PluginHookLabels {
-            namespace: plugin.namespace.clone(),
-            plugin: plugin.name.clone(),
-            digest: plugin.digest.clone(),
-            hook: hook.as_str(),
-        };
-        metrics().plugin_skipped.get_or_create(&labels).inc();
+        plugin.skipped(hook).inc();
         if let Some(entry) = self.plugins.iter_mut().rev().find(|e| Arc::ptr_eq(&e.plugin, plugin) && e.hook == hook) {
             entry.skipped = true;
         }

@@ -594,8 +594,7 @@ mod tests {
         record.response_bytes = 1234;
         record.tokens = Some(Tokens { input: 12, output: 34 });
         record.consumer = Some("team-a".into());
-        let plugin =
-            Arc::new(PluginId { namespace: "default".into(), name: "pii".into(), digest: "sha256:abc".into() });
+        let plugin = Arc::new(PluginId::new("default", "pii", "sha256:abc"));
         let calls = |hook, first_start, last_end, calls, outcome| PluginCalls {
             plugin: plugin.clone(),
             hook,
