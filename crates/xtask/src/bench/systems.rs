@@ -292,7 +292,9 @@ impl System {
                     // is a warm start, not a compile.
                     .arg("--cache-dir")
                     .arg(&tools.sluice_cache)
-                    // Measure the proxy, not per-request logging.
+                    // Measure the proxy, not per-request logging (nginx's
+                    // access_log is off too, and Envoy has none here).
+                    .arg("--access-log=false")
                     .env("RUST_LOG", "warn");
                 let mut running = Running::spawn(self.name, cmd, &dir.join("sluice.log"))?;
                 process::wait_for_ready(admin, &mut [&mut running], READY_TIMEOUT)?;
