@@ -8,6 +8,7 @@ mod context;
 mod finish;
 pub mod logging;
 pub mod metrics;
+pub mod otlp_metrics;
 pub mod record;
 pub mod request_id;
 pub mod trace;

@@ -192,9 +192,9 @@ pub fn init(config: TraceConfig) -> Result<Option<TraceGuard>, TraceError> {
 }
 
 /// A variable's value, if set and not blank.
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-fn from_env(name: &str) -> Option<String> {
+pub(crate) fn from_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.trim().is_empty())
 }
 
@@ -327,7 +327,7 @@ fn ratio_in_range(name: &'static str, ratio: f64) -> Result<f64, TraceError> {
 /// `service.name` is `sluice` unless `OTEL_SERVICE_NAME` or
 /// `OTEL_RESOURCE_ATTRIBUTES` name it otherwise (the former first, as the
 /// SDK's detectors have it).
-fn resource(env: Env) -> Resource {
+pub(crate) fn resource(env: Env) -> Resource {
     let builder = Resource::builder_empty()
         .with_service_name("sluice")
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
