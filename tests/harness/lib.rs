@@ -21,7 +21,7 @@ pub use echo::Echo;
 pub use gateway::{Gateway, Options};
 pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events};
 pub use kube::KubeCluster;
-pub use otelcol::{Collector, Span};
+pub use otelcol::{Collector, MetricPoint, Span};
 pub use prometheus::{Prometheus, Sample};
 pub use registry::Registry;
 

@@ -1,7 +1,7 @@
-//! A real OpenTelemetry Collector for tests of trace export: the OTLP
-//! receiver on free loopback ports (gRPC and HTTP), and the file exporter
-//! writing what it receives as OTLP-JSON lines, which [`Collector::spans`]
-//! reads back.
+//! A real OpenTelemetry Collector for tests of trace and metrics export:
+//! the OTLP receiver on free loopback ports (gRPC and HTTP), and file
+//! exporters writing what it receives as OTLP-JSON lines, which
+//! [`Collector::spans`] and [`Collector::metrics`] read back.
 //!
 //! `cargo xtask test` builds the binary from source once per machine
 //! (crates/xtask/src/otelcol.rs) and passes its path in `SLUICE_OTELCOL_BIN`.
@@ -75,8 +75,8 @@ impl Collector {
         for _ in 0..3 {
             let (grpc, http) = (free_port(), free_port());
             let config = dir.path().join("config.yaml");
-            std::fs::write(&config, config_yaml(grpc, http, &dir.path().join("spans.jsonl")))
-                .expect("writing the collector config");
+            let yaml = config_yaml(grpc, http, &dir.path().join("spans.jsonl"), &dir.path().join("metrics.jsonl"));
+            std::fs::write(&config, yaml).expect("writing the collector config");
             let mut child = spawn(&binary, &config, dir.path());
             match wait_ready(&mut child, dir.path()).await {
                 Ok(()) => return Collector { child, grpc, http, dir },
@@ -128,6 +128,30 @@ impl Collector {
         }
     }
 
+    /// Every metric data point exported so far, in the order received: a
+    /// push of cumulative metrics repeats each series with its new value.
+    pub fn metrics(&self) -> Vec<MetricPoint> {
+        let text = std::fs::read_to_string(self.dir.path().join("metrics.jsonl")).unwrap_or_default();
+        parse_metrics(&text)
+    }
+
+    /// Reads the metric points until `done` holds for them, and returns
+    /// them. Panics after `within` with the names seen.
+    pub async fn wait_for_metrics(&self, done: impl Fn(&[MetricPoint]) -> bool, within: Duration) -> Vec<MetricPoint> {
+        let deadline = Instant::now() + within;
+        loop {
+            let points = self.metrics();
+            if done(&points) {
+                return points;
+            }
+            if Instant::now() > deadline {
+                let names: std::collections::BTreeSet<&str> = points.iter().map(|p| p.name.as_str()).collect();
+                panic!("timed out after {within:?} waiting for metrics; {} points seen, of {names:?}", points.len());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The collector's own log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("otelcol.log")).unwrap_or_default()
@@ -162,19 +186,23 @@ fn binary() -> PathBuf {
     path
 }
 
-/// OTLP in on both protocols, the file exporter out, flushed every 100 ms
-/// so that tests see spans promptly. The collector's own metrics are off:
-/// they would listen on :8888, one port for every collector.
-fn config_yaml(grpc: SocketAddr, http: SocketAddr, spans: &Path) -> String {
+/// OTLP in on both protocols, a file exporter out per signal, flushed
+/// every 100 ms so that tests see spans and metrics promptly. The
+/// collector's own metrics are off: they would listen on :8888, one port
+/// for every collector.
+fn config_yaml(grpc: SocketAddr, http: SocketAddr, spans: &Path, metrics: &Path) -> String {
     format!(
         "receivers:\n\
          \x20 otlp:\n    protocols:\n      grpc:\n        endpoint: {grpc}\n      http:\n        endpoint: {http}\n\
          exporters:\n\
          \x20 file:\n    path: {}\n    flush_interval: 100ms\n\
+         \x20 file/metrics:\n    path: {}\n    flush_interval: 100ms\n\
          service:\n\
          \x20 telemetry:\n    metrics:\n      level: none\n\
-         \x20 pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file]\n",
-        spans.display()
+         \x20 pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file]\n\
+         \x20   metrics:\n      receivers: [otlp]\n      exporters: [file/metrics]\n",
+        spans.display(),
+        metrics.display()
     )
 }
 
@@ -263,6 +291,97 @@ fn parse_spans(text: &str) -> Vec<Span> {
     spans
 }
 
+/// One data point of a metric as the collector exported it, with its
+/// metric's and resource's fields. Attribute values are plain JSON, as for
+/// [`Span`].
+#[derive(Clone, Debug)]
+pub struct MetricPoint {
+    pub name: String,
+    pub description: String,
+    pub unit: String,
+    /// `sum`, `gauge`, `histogram`, `exponentialHistogram` or `summary`.
+    pub kind: String,
+    /// A sum's: monotonic or not.
+    pub monotonic: bool,
+    /// OTLP's AggregationTemporality: 1 delta, 2 cumulative (0 for a gauge).
+    pub temporality: i64,
+    pub attributes: BTreeMap<String, Value>,
+    pub resource: BTreeMap<String, Value>,
+    /// The instrumentation scope's name.
+    pub scope: String,
+    pub start_unix_nanos: u64,
+    pub time_unix_nanos: u64,
+    /// A sum's or gauge's value (`asInt` or `asDouble`).
+    pub value: Option<f64>,
+    /// A histogram's count, sum, bucket counts and bounds.
+    pub count: u64,
+    pub sum: Option<f64>,
+    pub bucket_counts: Vec<u64>,
+    pub explicit_bounds: Vec<f64>,
+    /// The data point as exported, for anything else (exemplars, flags).
+    pub raw: Value,
+}
+
+impl MetricPoint {
+    /// Whether this is a point of metric `name` with (at least) these
+    /// string attributes.
+    pub fn is(&self, name: &str, attributes: &[(&str, &str)]) -> bool {
+        self.name == name
+            && attributes.iter().all(|(key, value)| self.attributes.get(*key).and_then(Value::as_str) == Some(*value))
+    }
+}
+
+/// The data points of the file exporter's output: one OTLP-JSON
+/// `MetricsData` per line, flattened from resourceMetrics → scopeMetrics →
+/// metrics → dataPoints. A last line without its newline is left for later.
+fn parse_metrics(text: &str) -> Vec<MetricPoint> {
+    let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+    let mut points = Vec::new();
+    for line in complete.lines().filter(|line| !line.trim().is_empty()) {
+        let data: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("the collector wrote a line that is not JSON ({e}): {line}"));
+        for resource_metrics in array(&data["resourceMetrics"]) {
+            let resource = attributes(&resource_metrics["resource"]["attributes"]);
+            for scope_metrics in array(&resource_metrics["scopeMetrics"]) {
+                let scope = scope_metrics["scope"]["name"].as_str().unwrap_or_default();
+                for metric in array(&scope_metrics["metrics"]) {
+                    let kinds = ["sum", "gauge", "histogram", "exponentialHistogram", "summary"];
+                    let Some(kind) = kinds.into_iter().find(|kind| metric.get(*kind).is_some()) else { continue };
+                    let data = &metric[kind];
+                    for point in array(&data["dataPoints"]) {
+                        let number = point.get("asInt").or_else(|| point.get("asDouble"));
+                        points.push(MetricPoint {
+                            name: string(&metric["name"]),
+                            description: string(&metric["description"]),
+                            unit: string(&metric["unit"]),
+                            kind: kind.to_string(),
+                            monotonic: data["isMonotonic"].as_bool().unwrap_or(false),
+                            temporality: data["aggregationTemporality"].as_i64().unwrap_or(0),
+                            attributes: attributes(&point["attributes"]),
+                            resource: resource.clone(),
+                            scope: scope.to_string(),
+                            start_unix_nanos: nanos(&point["startTimeUnixNano"]),
+                            time_unix_nanos: nanos(&point["timeUnixNano"]),
+                            value: number.and_then(float),
+                            count: nanos(&point["count"]),
+                            sum: point.get("sum").and_then(float),
+                            bucket_counts: array(&point["bucketCounts"]).iter().map(nanos).collect(),
+                            explicit_bounds: array(&point["explicitBounds"]).iter().filter_map(float).collect(),
+                            raw: point.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    points
+}
+
+/// A number, or a 64-bit integer written as a string (OTLP/JSON).
+fn float(value: &Value) -> Option<f64> {
+    value.as_f64().or_else(|| value.as_str().and_then(|text| text.parse().ok()))
+}
+
 fn array(value: &Value) -> &[Value] {
     value.as_array().map_or(&[], Vec::as_slice)
 }
@@ -334,5 +453,36 @@ mod tests {
         assert_eq!(span.resource["service.name"], "sluice");
         assert_eq!((span.status_code, span.status_message.as_str()), (2, "upstream failed"));
         assert_eq!(span.end_unix_nanos - span.start_unix_nanos, 1_000_000_000);
+    }
+
+    #[test]
+    fn exported_lines_flatten_into_metric_points() {
+        let line = serde_json::json!({"resourceMetrics": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sluice"}}]},
+            "scopeMetrics": [{"scope": {"name": "sluice"}, "metrics": [
+                {"name": "sluice_requests", "description": "Requests", "sum": {
+                    "dataPoints": [{"attributes": [{"key": "route", "value": {"stringValue": "default/chat"}}],
+                        "startTimeUnixNano": "1000", "timeUnixNano": "2000", "asInt": "3"}],
+                    "aggregationTemporality": 2, "isMonotonic": true}},
+                {"name": "g", "gauge": {"dataPoints": [{"timeUnixNano": "2000", "asDouble": 0.5}]}},
+                {"name": "gen_ai.client.token.usage", "unit": "{token}", "histogram": {
+                    "dataPoints": [{"startTimeUnixNano": "1000", "timeUnixNano": "2000", "count": "4", "sum": 120,
+                        "bucketCounts": ["1", "0", "3"], "explicitBounds": [1, 4]}],
+                    "aggregationTemporality": 2}},
+            ]}],
+        }]});
+        let text = format!("{line}\n{{\"resourceMetrics\": [");
+        let points = parse_metrics(&text);
+        let [requests, gauge, usage] = &points[..] else { panic!("{points:#?}") };
+        assert_eq!((requests.kind.as_str(), requests.monotonic, requests.temporality), ("sum", true, 2));
+        assert_eq!((requests.value, requests.start_unix_nanos, requests.time_unix_nanos), (Some(3.0), 1000, 2000));
+        assert_eq!(requests.attributes["route"], "default/chat");
+        assert_eq!(requests.resource["service.name"], "sluice");
+        assert_eq!((gauge.kind.as_str(), gauge.value, gauge.temporality), ("gauge", Some(0.5), 0));
+        assert_eq!((usage.unit.as_str(), usage.count, usage.sum), ("{token}", 4, Some(120.0)));
+        assert_eq!(
+            (usage.bucket_counts.as_slice(), usage.explicit_bounds.as_slice()),
+            (&[1, 0, 3][..], &[1.0, 4.0][..])
+        );
     }
 }

@@ -21,9 +21,36 @@ pub fn handle(gateway: &Gateway, request: http::Request<Incoming>) -> http::Resp
     }
 }
 
-/// The metrics in Prometheus's text format. What is measured on scrape
-/// (the plugin instances) is read from the snapshot served now.
+/// The metrics in Prometheus's text format.
 pub fn metrics(gateway: &Gateway) -> http::Response<Body> {
+    refresh_metrics(gateway);
+    let m = sluice_telemetry::metrics();
+    let mut response = http::Response::new(full(m.encode()));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    response
+}
+
+/// Only the probes, for a listener the kubelet reaches over the pod
+/// network: nothing there tells what is configured.
+pub fn probes(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
+    match request.uri().path() {
+        "/healthz" => http::Response::new(full("ok\n")),
+        "/readyz" if gateway.is_ready() => http::Response::new(full("ready\n")),
+        "/readyz" => {
+            let mut response = http::Response::new(full("waiting for the first config\n"));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        }
+        path => error_response(&sluice_core::ApiError::not_found(path)),
+    }
+}
+
+/// Sets what is measured when read (the plugin instances, which versions
+/// are loaded) from the snapshot served now: before each scrape, and
+/// before each OTLP push.
+pub fn refresh_metrics(gateway: &Gateway) {
     let snapshot = gateway.snapshot();
     let m = sluice_telemetry::metrics();
     m.plugin_instances.clear();
@@ -51,26 +78,6 @@ pub fn metrics(gateway: &Gateway) -> http::Response<Body> {
             },
         };
         m.plugin_info.get_or_create(&labels).set(1);
-    }
-    let mut response = http::Response::new(full(m.encode()));
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
-    response
-}
-
-/// Only the probes, for a listener the kubelet reaches over the pod
-/// network: nothing there tells what is configured.
-pub fn probes(gateway: &Gateway, request: http::Request<Incoming>) -> http::Response<Body> {
-    match request.uri().path() {
-        "/healthz" => http::Response::new(full("ok\n")),
-        "/readyz" if gateway.is_ready() => http::Response::new(full("ready\n")),
-        "/readyz" => {
-            let mut response = http::Response::new(full("waiting for the first config\n"));
-            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            response
-        }
-        path => error_response(&sluice_core::ApiError::not_found(path)),
     }
 }
 

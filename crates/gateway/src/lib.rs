@@ -17,6 +17,7 @@ pub mod source;
 mod sse;
 mod upstream;
 
+pub use admin::refresh_metrics;
 pub use gateway::{Gateway, Settings};
 pub use server::{serve_admin, serve_data_plane, serve_metrics, serve_probes};
 pub use snapshot::{BuildReport, Snapshot};

@@ -173,9 +173,10 @@ pub struct TelemetryArgs {
     /// apart; the rest count as `other`.
     #[arg(long, default_value_t = 100)]
     pub metrics_max_response_models: usize,
-    /// Send traces to this OTLP collector (a span per request, per plugin
-    /// hook and per upstream attempt). Off by default; the standard
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+    /// Send traces (a span per request, per plugin hook and per upstream
+    /// attempt) and metrics (the ones /metrics serves) to this OTLP
+    /// collector. Off by default; the standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// and `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT` for one signal,
     /// also turn it on.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
@@ -187,6 +188,10 @@ pub struct TelemetryArgs {
     /// `traceparent` decides [default: `OTEL_TRACES_SAMPLER(_ARG)`, else 1].
     #[arg(long, value_name = "RATIO")]
     pub trace_sample_ratio: Option<f64>,
+    /// How often metrics are pushed to the OTLP collector [default:
+    /// `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds), else 60 seconds].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub otlp_metrics_interval_seconds: Option<u64>,
 }
 
 /// What one client, or many at once, may hold on the data plane. The admin
@@ -253,7 +258,22 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         sample_ratio: telemetry.trace_sample_ratio,
     })
     .context("setting up tracing")?;
+    // Before anything is counted: its time starts the cumulative series.
+    let metrics_push = sluice_telemetry::otlp_metrics::init(sluice_telemetry::otlp_metrics::MetricsConfig {
+        endpoint: telemetry.otlp_endpoint.clone(),
+        protocol: telemetry.otlp_protocol,
+        interval: telemetry.otlp_metrics_interval_seconds.map(Duration::from_secs),
+    })
+    .context("setting up OTLP metrics")?;
     let gateway = build_gateway(&args)?;
+    if let Some(push) = &metrics_push {
+        let gateway = Arc::downgrade(&gateway);
+        push.refresh_before_push(move || {
+            if let Some(gateway) = gateway.upgrade() {
+                sluice_gateway::refresh_metrics(&gateway);
+            }
+        });
+    }
     sluice_telemetry::metrics().set_caps(telemetry.metrics_max_consumers, telemetry.metrics_max_response_models);
     if telemetry.access_log {
         sluice_telemetry::logging::enable_access_log();
@@ -302,6 +322,10 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
     if let Some(traces) = traces {
         // Sends the spans still queued.
         tokio::task::spawn_blocking(move || traces.shutdown()).await.ok();
+    }
+    if let Some(metrics_push) = metrics_push {
+        // Pushes the final counts.
+        tokio::task::spawn_blocking(move || metrics_push.shutdown()).await.ok();
     }
     tracing::info!("stopped");
     Ok(())
