@@ -192,12 +192,12 @@ async fn proxy(
     if let Some(name) = not_utf8(&outgoing.headers) {
         return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
     }
-    let Some(route) = snapshot.route_for(&model) else {
+    let Some((route, model_label)) = snapshot.routed(&model) else {
         return Ok(unknown_model(snapshot, &model, &outgoing).await);
     };
     // The model is one the config names: a bounded label.
     record.route = Some(route.label.clone());
-    record.model = Some(model.as_str().into());
+    record.model = Some(model_label.clone());
     let (engaged, response_headers) =
         match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes, record).await? {
             Filtered::Forward(engaged, response_headers) => (engaged, response_headers),

@@ -21,7 +21,8 @@ use sluice_telemetry::{Label, PluginId};
 pub struct Snapshot {
     pub generation: u64,
     routes: Vec<Arc<Route>>,
-    by_model: HashMap<String, Arc<Route>>,
+    /// Each model's route, and the model's name as metrics label it.
+    by_model: HashMap<String, (Arc<Route>, Label)>,
     plugins: HashMap<ResourceKey, Arc<LoadedPlugin>>,
 }
 
@@ -53,7 +54,13 @@ pub struct Backend {
 
 impl Snapshot {
     pub fn route_for(&self, model: &str) -> Option<&Arc<Route>> {
-        self.by_model.get(model)
+        self.by_model.get(model).map(|(route, _)| route)
+    }
+
+    /// The route serving `model`, and the model's label (one shared value
+    /// per model, so telemetry can tell label sets apart by address).
+    pub fn routed(&self, model: &str) -> Option<(&Arc<Route>, &Label)> {
+        self.by_model.get(model).map(|(route, label)| (route, label))
     }
 
     pub fn routes(&self) -> &[Arc<Route>] {
@@ -291,12 +298,12 @@ fn build_routes(
 /// models first (they never conflict: conflicting routes were left out); a
 /// last good route keeps only the models no current route claims, so a
 /// model moved to another route stays moved when its old route then fails.
-fn index_models(routes: &[Built]) -> HashMap<String, Arc<Route>> {
+fn index_models(routes: &[Built]) -> HashMap<String, (Arc<Route>, Label)> {
     let mut by_model = HashMap::new();
     let (current, last_good): (Vec<&Built>, Vec<&Built>) = routes.iter().partition(|b| !b.last_good);
     for built in current.into_iter().chain(last_good) {
         for model in &built.route.decl.models {
-            by_model.entry(model.clone()).or_insert_with(|| built.route.clone());
+            by_model.entry(model.clone()).or_insert_with(|| (built.route.clone(), Label::from(model.as_str())));
         }
     }
     by_model

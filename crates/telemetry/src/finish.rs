@@ -1,10 +1,14 @@
 //! The end of a request: its record becomes metrics, an access log line
 //! and spans, here and nowhere else.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use crate::metrics::{self, Label, metrics};
 use crate::record::{PROVIDER, RequestRecord};
+
+/// The empty label value, shared rather than allocated per request.
+static EMPTY: LazyLock<Label> = LazyLock::new(|| Label::from(""));
 
 impl RequestRecord {
     /// Ends the request: the metrics, the access log line, the spans.
@@ -20,7 +24,7 @@ impl RequestRecord {
 
     fn count(&self, duration: Duration) {
         let m = metrics();
-        let empty = || Label::from("");
+        let empty = || EMPTY.clone();
         let (route, model) = (self.route.clone().unwrap_or_else(empty), self.model.clone().unwrap_or_else(empty));
         let labels = metrics::RequestLabels {
             route: route.clone(),
