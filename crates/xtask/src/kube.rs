@@ -18,14 +18,13 @@
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::thread;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
 use crate::toolchain::run_logged;
-use crate::{output, step};
+use crate::{go, output, step};
 
 /// The Kubernetes release the API server and kubectl are built from; the
 /// gateway's k8s-openapi feature (`v1_34`) must match its minor version.
@@ -64,7 +63,7 @@ pub fn ensure() -> Result<PathBuf> {
         println!("kube-apiserver, kubectl, etcd: built in {}", bin.display());
         return Ok(bin);
     }
-    let go = find_go()?;
+    let go = go::find_go("the Kubernetes API server and etcd")?;
     println!("building them with {} (once per machine; it takes several minutes)", go.display());
     let started = Instant::now();
     let src = root.join("src");
@@ -95,43 +94,9 @@ pub fn ensure() -> Result<PathBuf> {
         fs::rename(&built, bin.join(name)).with_context(|| format!("cannot move {} into place", built.display()))?;
     }
     fs::remove_dir_all(&staging).ok();
-    fs::remove_dir_all(go_build_cache(&root)).ok();
+    fs::remove_dir_all(go::build_cache(&root)).ok();
     println!("built kube-apiserver, kubectl and etcd in {:.0?} into {}", started.elapsed(), bin.display());
     Ok(bin)
-}
-
-/// `go` from the PATH, or the standard install at /usr/local/go.
-fn find_go() -> Result<PathBuf> {
-    let candidates = [PathBuf::from("go"), PathBuf::from("/usr/local/go/bin/go")];
-    for go in candidates {
-        if let Ok(version) = output(Command::new(&go).arg("version")) {
-            println!("{}", version.trim());
-            return Ok(go);
-        }
-    }
-    bail!("Go is needed to build the Kubernetes API server and etcd: install Go 1.24 or later (https://go.dev/dl/)")
-}
-
-/// A `go` command for the module in `dir`: the local toolchain only,
-/// dependencies resolved from go.mod, static binaries (no C compiler;
-/// Kubernetes' own release builds use CGO_ENABLED=0 too), and the build
-/// cache under the cache `root`.
-fn go_command(go: &Path, dir: &Path, root: &Path) -> Command {
-    let mut cmd = Command::new(go);
-    cmd.current_dir(dir)
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod -buildvcs=false")
-        .env("GOWORK", "off")
-        .env("CGO_ENABLED", "0")
-        .env("GOCACHE", go_build_cache(root));
-    cmd
-}
-
-/// The Go build cache for these builds: its own directory in the cache root,
-/// removed once the binaries are in place. Kubernetes' build cache is several
-/// GB, and nothing reuses it once the binaries are cached.
-fn go_build_cache(root: &Path) -> PathBuf {
-    root.join("go-build")
 }
 
 /// `go build -trimpath`: no local paths in the binaries.
@@ -165,7 +130,7 @@ fn build_kubernetes(go: &Path, module: &Path, staging: &Path, root: &Path) -> Re
     fs::create_dir_all(module)?;
     // Kubernetes' go.mod, for its Go version and its list of staging modules.
     let download = output(
-        go_command(go, module, root)
+        go::go_command(go, module, root)
             .env("GOFLAGS", "-mod=mod")
             .args(["mod", "download", "-json"])
             .arg(format!("k8s.io/kubernetes@{KUBERNETES_VERSION}")),
@@ -184,12 +149,12 @@ fn build_kubernetes(go: &Path, module: &Path, staging: &Path, root: &Path) -> Re
         ),
     )?;
     let started = Instant::now();
-    run_logged(go_command(go, module, root).args(["mod", "tidy"]), &log)?;
+    run_logged(go::go_command(go, module, root).args(["mod", "tidy"]), &log)?;
     println!("kubernetes: `go mod tidy` took {:.0?}", started.elapsed());
     let started = Instant::now();
     // `-o DIR/` with several packages writes one binary per package.
     run_logged(
-        go_command(go, module, root)
+        go::go_command(go, module, root)
             .args(BUILD_FLAGS)
             .arg(ldflags(&kubernetes_version_ldflags()))
             .arg("-o")
@@ -252,11 +217,16 @@ fn build_etcd(go: &Path, module: &Path, staging: &Path, root: &Path) -> Result<(
          func main() {\n\tetcdmain.Main(os.Args)\n}\n",
     )?;
     let started = Instant::now();
-    run_logged(go_command(go, module, root).args(["mod", "tidy"]), &log)?;
+    run_logged(go::go_command(go, module, root).args(["mod", "tidy"]), &log)?;
     println!("etcd: `go mod tidy` took {:.0?}", started.elapsed());
     let started = Instant::now();
     run_logged(
-        go_command(go, module, root).args(BUILD_FLAGS).arg(ldflags("")).arg("-o").arg(staging.join("etcd")).arg("."),
+        go::go_command(go, module, root)
+            .args(BUILD_FLAGS)
+            .arg(ldflags(""))
+            .arg("-o")
+            .arg(staging.join("etcd"))
+            .arg("."),
         &log,
     )?;
     println!("etcd: `go build` took {:.0?}", started.elapsed());

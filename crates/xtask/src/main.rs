@@ -7,6 +7,7 @@
 mod bench;
 mod cycles;
 mod fuzz;
+mod go;
 mod kube;
 mod new_plugin;
 mod otelcol;

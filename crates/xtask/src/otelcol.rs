@@ -16,15 +16,14 @@
 
 use std::env;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use crate::toolchain::run_logged;
-use crate::{output, step};
+use crate::{go, step};
 
 /// The collector release: core's `v0.x` modules and contrib's, which are
 /// versioned together.
@@ -61,7 +60,7 @@ pub fn ensure() -> Result<PathBuf> {
         println!("otelcol: built at {}", binary.display());
         return Ok(binary);
     }
-    let go = find_go()?;
+    let go = go::find_go("the OpenTelemetry Collector")?;
     println!("building it with {} (once per machine; it takes about a minute)", go.display());
     let started = Instant::now();
     let module = root.join("src");
@@ -70,7 +69,7 @@ pub fn ensure() -> Result<PathBuf> {
         fs::write(module.join(name), text)?;
     }
     let log = root.join("otelcol-build.log");
-    run_logged(go_command(&go, &module, &root).args(["mod", "tidy"]), &log)?;
+    run_logged(go::go_command(&go, &module, &root).args(["mod", "tidy"]), &log)?;
     check_one_release(&fs::read_to_string(module.join("go.mod"))?)?;
 
     // A staging file per build, so an interrupted or concurrent build is
@@ -78,7 +77,7 @@ pub fn ensure() -> Result<PathBuf> {
     fs::create_dir_all(root.join("bin"))?;
     let staging = root.join(format!("bin/otelcol.tmp-{}", std::process::id()));
     let built = run_logged(
-        go_command(&go, &module, &root)
+        go::go_command(&go, &module, &root)
             // No local paths, no symbol table or DWARF: smaller, faster to link.
             .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
             .arg(&staging)
@@ -92,7 +91,7 @@ pub fn ensure() -> Result<PathBuf> {
     fs::rename(&staging, &binary).with_context(|| format!("cannot move {} into place", staging.display()))?;
     fs::write(&stamp, wanted)?;
     // Half a GB that nothing reuses once the binary is cached.
-    fs::remove_dir_all(go_build_cache(&root)).ok();
+    fs::remove_dir_all(go::build_cache(&root)).ok();
     println!("built otelcol in {:.0?} into {}", started.elapsed(), binary.display());
     Ok(binary)
 }
@@ -234,35 +233,6 @@ fn check_one_release(go_mod: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `go` from the PATH, or the standard install at /usr/local/go.
-fn find_go() -> Result<PathBuf> {
-    for go in [PathBuf::from("go"), PathBuf::from("/usr/local/go/bin/go")] {
-        if let Ok(version) = output(Command::new(&go).arg("version")) {
-            println!("{}", version.trim());
-            return Ok(go);
-        }
-    }
-    bail!("Go is needed to build the OpenTelemetry Collector: install Go 1.26 or later (https://go.dev/dl/)")
-}
-
-/// A `go` command for the module in `dir`: the local toolchain only,
-/// dependencies resolved from go.mod, a static binary, and the build cache
-/// under the cache `root` (as in kube.rs).
-fn go_command(go: &Path, dir: &Path, root: &Path) -> Command {
-    let mut cmd = Command::new(go);
-    cmd.current_dir(dir)
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod -buildvcs=false")
-        .env("GOWORK", "off")
-        .env("CGO_ENABLED", "0")
-        .env("GOCACHE", go_build_cache(root));
-    cmd
-}
-
-fn go_build_cache(root: &Path) -> PathBuf {
-    root.join("go-build")
 }
 
 #[cfg(test)]
