@@ -11,6 +11,8 @@ pub mod metrics;
 pub mod otlp_metrics;
 pub mod record;
 pub mod request_id;
+#[cfg(test)]
+mod stand_in;
 pub mod trace;
 
 pub use logging::LogFormat;

@@ -1170,23 +1170,15 @@ mod tests {
         assert_eq!(headers(&[("OTEL_EXPORTER_OTLP_HEADERS", "general=1")])["general"], "1");
     }
 
-    /// A stand-in OTLP collector on its own runtime: takes gRPC and
-    /// HTTP/protobuf metrics exports, answers as told, and hands over each
-    /// request with its path and headers.
+    /// The stand-in collector, answering as told.
     mod collector {
-        use std::convert::Infallible;
-        use std::net::SocketAddr;
-        use std::sync::mpsc;
-
         use bytes::Bytes;
-        use http_body_util::combinators::BoxBody;
-        use http_body_util::{BodyExt, Full};
-        use hyper::body::Incoming;
-        use hyper_util::rt::{TokioExecutor, TokioIo};
         use opentelemetry_proto::tonic::collector::metrics::v1::{
             ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
         };
         use prost::Message;
+
+        pub type Collector = crate::stand_in::Collector<ExportMetricsServiceRequest>;
 
         #[derive(Clone, Copy)]
         pub enum Answer {
@@ -1197,87 +1189,19 @@ mod tests {
             Hang,
         }
 
-        pub struct Export {
-            pub path: String,
-            pub headers: http::HeaderMap,
-            pub request: ExportMetricsServiceRequest,
-        }
-
-        pub struct Collector {
-            pub addr: SocketAddr,
-            pub received: mpsc::Receiver<Export>,
-            runtime: Option<tokio::runtime::Runtime>,
-        }
-
-        impl Drop for Collector {
-            fn drop(&mut self) {
-                // Dropping a runtime inside another one panics.
-                if let Some(runtime) = self.runtime.take() {
-                    runtime.shutdown_background();
-                }
-            }
-        }
-
         pub fn start(answer: Answer) -> Collector {
-            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.set_nonblocking(true).unwrap();
-            let addr = listener.local_addr().unwrap();
-            let listener = {
-                let _runtime = runtime.enter();
-                tokio::net::TcpListener::from_std(listener).unwrap()
+            let reply = |response: ExportMetricsServiceResponse| {
+                crate::stand_in::Reply::Ok(Bytes::from(response.encode_to_vec()))
             };
-            let (sender, received) = mpsc::channel();
-            runtime.spawn(async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    let sender = sender.clone();
-                    let service = hyper::service::service_fn(move |request| respond(request, answer, sender.clone()));
-                    tokio::spawn(async move {
-                        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                    });
-                }
-            });
-            Collector { addr, received, runtime: Some(runtime) }
-        }
-
-        async fn respond(
-            request: http::Request<Incoming>,
-            answer: Answer,
-            sender: mpsc::Sender<Export>,
-        ) -> Result<http::Response<BoxBody<Bytes, Infallible>>, Infallible> {
-            let path = request.uri().path().to_string();
-            let headers = request.headers().clone();
-            let grpc =
-                headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            // A gRPC message has a five-byte prefix: compressed flag, length.
-            let message = if grpc { body.slice(5..) } else { body };
-            let request = ExportMetricsServiceRequest::decode(message).unwrap();
-            let _ = sender.send(Export { path, headers, request });
-            let reply = match answer {
-                Answer::Ok => ExportMetricsServiceResponse::default(),
-                Answer::Reject => ExportMetricsServiceResponse {
+            crate::stand_in::start(match answer {
+                Answer::Ok => reply(ExportMetricsServiceResponse::default()),
+                Answer::Reject => reply(ExportMetricsServiceResponse {
                     partial_success: Some(ExportMetricsPartialSuccess {
                         rejected_data_points: 1,
                         error_message: "bad point".into(),
                     }),
-                },
-                Answer::Hang => std::future::pending().await,
-            };
-            let reply = reply.encode_to_vec();
-            let response = http::Response::builder().status(200);
-            Ok(if grpc {
-                let mut framed = vec![0];
-                framed.extend_from_slice(&u32::try_from(reply.len()).unwrap().to_be_bytes());
-                framed.extend_from_slice(&reply);
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                let body = Full::new(Bytes::from(framed)).with_trailers(async { Some(Ok(trailers)) });
-                response.header("content-type", "application/grpc").body(body.boxed()).unwrap()
-            } else {
-                let body = Full::new(Bytes::from(reply)).boxed();
-                response.header("content-type", "application/x-protobuf").body(body).unwrap()
+                }),
+                Answer::Hang => crate::stand_in::Reply::Hang,
             })
         }
     }

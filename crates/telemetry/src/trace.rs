@@ -566,6 +566,7 @@ mod tests {
     use super::*;
     use crate::context::hex;
     use crate::record::{Attempt, Hook, Outcome, PluginCalls, PluginId, Tokens};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
 
     const CLIENT_TRACE: [u8; 16] = [0x4b; 16];
@@ -946,90 +947,11 @@ mod tests {
         assert_eq!(resource.get(&"telemetry.sdk.name".into()), Some(Value::from("opentelemetry")));
     }
 
-    /// A stand-in OTLP collector on its own runtime: takes gRPC and
-    /// HTTP/protobuf exports and hands over each request with its path.
-    mod collector {
-        use std::convert::Infallible;
-        use std::net::SocketAddr;
-        use std::sync::mpsc;
-
-        use bytes::Bytes;
-        use http_body_util::combinators::BoxBody;
-        use http_body_util::{BodyExt, Full};
-        use hyper::body::Incoming;
-        use hyper_util::rt::{TokioExecutor, TokioIo};
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message;
-
-        pub struct Collector {
-            pub addr: SocketAddr,
-            pub received: mpsc::Receiver<(String, ExportTraceServiceRequest)>,
-            runtime: Option<tokio::runtime::Runtime>,
-        }
-
-        impl Drop for Collector {
-            fn drop(&mut self) {
-                // Dropping a runtime inside another one panics.
-                if let Some(runtime) = self.runtime.take() {
-                    runtime.shutdown_background();
-                }
-            }
-        }
-
-        pub fn start() -> Collector {
-            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-            // Not `block_on`: the tests start it from inside a runtime too.
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.set_nonblocking(true).unwrap();
-            let addr = listener.local_addr().unwrap();
-            let listener = {
-                let _runtime = runtime.enter();
-                tokio::net::TcpListener::from_std(listener).unwrap()
-            };
-            let (sender, received) = mpsc::channel();
-            runtime.spawn(async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    let sender = sender.clone();
-                    let service = hyper::service::service_fn(move |request| answer(request, sender.clone()));
-                    tokio::spawn(async move {
-                        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                    });
-                }
-            });
-            Collector { addr, received, runtime: Some(runtime) }
-        }
-
-        async fn answer(
-            request: http::Request<Incoming>,
-            sender: mpsc::Sender<(String, ExportTraceServiceRequest)>,
-        ) -> Result<http::Response<BoxBody<Bytes, Infallible>>, Infallible> {
-            let path = request.uri().path().to_string();
-            let grpc = request
-                .headers()
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            // A gRPC message has a five-byte prefix: compressed flag, length.
-            let message = if grpc { body.slice(5..) } else { body };
-            let _ = sender.send((path, ExportTraceServiceRequest::decode(message).unwrap()));
-            let response = http::Response::builder().status(200);
-            Ok(if grpc {
-                // An empty ExportTraceServiceResponse, then the gRPC status.
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                let body = Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])).with_trailers(async { Some(Ok(trailers)) });
-                response.header("content-type", "application/grpc").body(body.boxed()).unwrap()
-            } else {
-                response.header("content-type", "application/x-protobuf").body(Full::new(Bytes::new()).boxed()).unwrap()
-            })
-        }
-    }
-
     /// Exports a record to a local collector over `protocol`, stopping the
     /// exporter with `stop` (the tests call it in and out of a runtime).
     fn export_over(protocol: Protocol) {
-        let collector = collector::start();
+        let reply = crate::stand_in::Reply::Ok(bytes::Bytes::new());
+        let collector = crate::stand_in::start::<ExportTraceServiceRequest>(reply);
         let config = TraceConfig {
             endpoint: Some(format!("http://{}", collector.addr)),
             protocol: Some(protocol),
@@ -1041,7 +963,8 @@ mod tests {
         // Shutting down exports what is queued.
         guard.shutdown();
 
-        let (path, request) = collector.received.recv_timeout(Duration::from_secs(20)).expect("an export");
+        let crate::stand_in::Export { path, request, .. } =
+            collector.received.recv_timeout(Duration::from_secs(20)).expect("an export");
         let expected = match protocol {
             Protocol::Grpc => "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
             Protocol::HttpProtobuf => "/v1/traces",
