@@ -9,6 +9,7 @@ mod chain;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
+mod json;
 mod proxy;
 mod response;
 mod server;

@@ -20,6 +20,7 @@ use crate::chain::{self, Filtered, Outgoing, request_filters};
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
 
+use crate::json::Checked;
 use crate::response;
 use crate::snapshot::{Route, Snapshot};
 
@@ -297,52 +298,6 @@ impl<'de> serde::Deserialize<'de> for Routed {
             }
         }
         deserializer.deserialize_map(Object)
-    }
-}
-
-/// Any JSON value, checked as `serde_json::Value` checks it (every string
-/// decoded, every number in range) but not kept; with `KEEP`, a string is.
-struct Checked<const KEEP: bool>(Option<String>);
-
-impl<'de, const KEEP: bool> serde::Deserialize<'de> for Checked<KEEP> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Any<const KEEP: bool>;
-        impl<'de, const KEEP: bool> serde::de::Visitor<'de> for Any<KEEP> {
-            type Value = Checked<KEEP>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_str<E>(self, text: &str) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(KEEP.then(|| text.to_string())))
-            }
-            fn visit_unit<E>(self) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_none<E>(self) -> Result<Checked<KEEP>, E> {
-                Ok(Checked(None))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked<KEEP>, A::Error> {
-                while seq.next_element::<Checked<false>>()?.is_some() {}
-                Ok(Checked(None))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked<KEEP>, A::Error> {
-                while map.next_entry::<Checked<false>, Checked<false>>()?.is_some() {}
-                Ok(Checked(None))
-            }
-        }
-        deserializer.deserialize_any(Any::<KEEP>)
     }
 }
 

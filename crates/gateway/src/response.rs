@@ -22,6 +22,7 @@ use sluice_telemetry::{Hook, RequestRecord, Tokens};
 use crate::body::{Body, BoxError, collect_limited, full};
 use crate::chain::Engaged;
 use crate::gateway::Settings;
+use crate::json::Checked;
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
 use sluice_runtime::headers::{apply_edits, drop_not_utf8, strip_hop_by_hop, to_pairs};
 
@@ -441,8 +442,9 @@ fn reported_in(json: &[u8]) -> Reported {
         // An object, as OpenAI sends it: serde would also read a struct
         // from an array (`[1, 2]`), which no upstream means as usage.
         usage: Option<serde_json::Map<String, serde_json::Value>>,
+        // Any value, kept if it is a string.
         #[serde(default)]
-        model: StringOrNot,
+        model: Option<Checked<true>>,
     }
     #[derive(serde::Deserialize)]
     struct Counts {
@@ -461,50 +463,7 @@ fn reported_in(json: &[u8]) -> Reported {
         // Saturating: a hostile upstream's counts must not overflow.
         total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
     });
-    Reported { usage, model: raw.model.0 }
-}
-
-/// Any JSON value; kept if it is a string.
-#[derive(Default)]
-struct StringOrNot(Option<String>);
-
-impl<'de> serde::Deserialize<'de> for StringOrNot {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = StringOrNot;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E>(self, text: &str) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(Some(text.to_string())))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(None))
-            }
-            fn visit_unit<E>(self) -> Result<StringOrNot, E> {
-                Ok(StringOrNot(None))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<StringOrNot, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(StringOrNot(None))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StringOrNot, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(StringOrNot(None))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
+    Reported { usage, model: raw.model.and_then(|model| model.0) }
 }
 
 /// The `usage` object of an OpenAI response or final stream chunk.
