@@ -604,8 +604,5 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-    format!("--- last {} lines of {} ---\n{}\n--- end ---", tail.len(), path.display(), tail.join("\n"))
+    crate::log_tail(path, LOG_TAIL_LINES)
 }

@@ -79,3 +79,17 @@ pub async fn eventually<T>(what: &str, within: Duration, mut probe: impl AsyncFn
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Kills a child process and reaps it (an error means it had exited).
+pub(crate) fn kill(child: &mut std::process::Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The last `lines` lines of the log at `path`, framed for a failure message.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let tail = &all[all.len().saturating_sub(lines)..];
+    format!("--- last {} lines of {} ---\n{}\n--- end ---", tail.len(), path.display(), tail.join("\n"))
+}

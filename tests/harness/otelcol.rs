@@ -81,11 +81,11 @@ impl Collector {
             match wait_ready(&mut child, dir.path()).await {
                 Ok(()) => return Collector { child, grpc, http, dir },
                 Err(log) if log.contains("address already in use") => {
-                    kill(&mut child);
+                    crate::kill(&mut child);
                     last_log = log;
                 }
                 Err(log) => {
-                    kill(&mut child);
+                    crate::kill(&mut child);
                     panic!("the collector did not start; {log}");
                 }
             }
@@ -164,7 +164,7 @@ impl Collector {
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        kill(&mut self.child);
+        crate::kill(&mut self.child);
         if std::thread::panicking() {
             eprintln!("{}", log_tail(self.dir.path()));
         }
@@ -242,17 +242,8 @@ fn ready_lines(dir: &Path) -> usize {
     std::fs::read_to_string(dir.join("otelcol.log")).unwrap_or_default().matches(READY_LINE).count()
 }
 
-fn kill(child: &mut Child) {
-    // An error means it has exited already.
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 fn log_tail(dir: &Path) -> String {
-    let log = std::fs::read_to_string(dir.join("otelcol.log")).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-    format!("--- last {} lines of the collector's log ---\n{}\n--- end ---", tail.len(), tail.join("\n"))
+    crate::log_tail(&dir.join("otelcol.log"), LOG_TAIL_LINES)
 }
 
 /// The spans of the file exporter's output: one OTLP-JSON `TracesData`

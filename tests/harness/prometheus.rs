@@ -57,11 +57,11 @@ impl Prometheus {
             match wait_ready(&mut child, &client, addr, dir.path()).await {
                 Ok(()) => return Prometheus { child, addr, dir, client },
                 Err(log) if log.contains("address already in use") => {
-                    kill(&mut child);
+                    crate::kill(&mut child);
                     last_log = log;
                 }
                 Err(log) => {
-                    kill(&mut child);
+                    crate::kill(&mut child);
                     panic!("Prometheus did not start; {log}");
                 }
             }
@@ -146,7 +146,7 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        kill(&mut self.child);
+        crate::kill(&mut self.child);
         if std::thread::panicking() {
             eprintln!("{}", self.log_tail());
         }
@@ -203,17 +203,8 @@ async fn wait_ready(child: &mut Child, client: &Client, addr: SocketAddr, dir: &
     Err(format!("not ready after {READY_TIMEOUT:?}\n{}", log_tail(dir)))
 }
 
-fn kill(child: &mut Child) {
-    // An error means it has exited already.
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 fn log_tail(dir: &Path) -> String {
-    let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-    format!("--- last {} lines of Prometheus' log ---\n{}\n--- end ---", tail.len(), tail.join("\n"))
+    crate::log_tail(&dir.join("prometheus.log"), LOG_TAIL_LINES)
 }
 
 /// The samples of a `/api/v1/query` answer, which must be a vector.
