@@ -454,6 +454,10 @@ fn results_path(args: &Args) -> Result<PathBuf> {
     if args.routes > 1 {
         let _ = write!(name, "-{}-routes", args.routes);
     }
+    // A table of some systems does not replace the day's full one.
+    if !args.systems.is_empty() {
+        name.push_str("-some-systems");
+    }
     if args.quick {
         name.push_str("-quick");
     }
