@@ -168,6 +168,11 @@ async fn every_metric_family_reaches_a_real_prometheus() {
     // The build.
     let build = prometheus.query("sluice_build_info").await;
     assert_eq!(build[0].0["version"], env!("CARGO_PKG_VERSION"), "{build:?}");
+    // Built from a checkout: the commit is known.
+    if std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.git")).exists() {
+        let commit = &build[0].0["commit"];
+        assert!(commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()), "{build:?}");
+    }
     dashboard_queries_run(&prometheus).await;
     // No label carries what the client wrote: no prompt, no key, no model
     // that no route serves.

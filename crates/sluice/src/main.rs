@@ -46,6 +46,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Held to the end: dropping it writes out the lines still buffered.
     let _logs = sluice_telemetry::logging::init(cli.log_format.unwrap_or_else(LogFormat::default_for_stderr));
+    sluice_telemetry::metrics().set_build(env!("CARGO_PKG_VERSION"), env!("SLUICE_GIT_COMMIT"));
     match cli.command {
         Command::Crds => {
             print!("{}", sluice_api::crds_yaml());

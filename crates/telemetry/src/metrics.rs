@@ -216,6 +216,7 @@ pub struct Metrics {
     pub resource_state: Family<ResourceLabels, Gauge>,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_duration: Histograms<KindLabels>,
+    build: Family<BuildLabels, Gauge>,
     caps: Caps,
 }
 
@@ -247,21 +248,16 @@ impl Metrics {
             resource_state: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: histograms(TASK_SECONDS),
+            build: Family::default(),
             caps: Caps::default(),
         };
         metrics.registered()
     }
 
     fn registered(mut self) -> Self {
+        self.set_build(env!("CARGO_PKG_VERSION"), "unknown");
         let r = &mut self.registry;
-        let build = Family::<BuildLabels, Gauge>::default();
-        build
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-                commit: option_env!("SLUICE_GIT_COMMIT").unwrap_or("unknown"),
-            })
-            .set(1);
-        r.register("sluice_build_info", "The running build: its version and git commit", build);
+        r.register("sluice_build_info", "The running build: its version and git commit", self.build.clone());
         r.register(
             "sluice_requests",
             "Requests answered, by route, model, backend, status class and error code",
@@ -367,6 +363,13 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Names the running build (the binary knows its git commit; this
+    /// crate would be rebuilt, and all that uses it, at every commit).
+    pub fn set_build(&self, version: &'static str, commit: &'static str) {
+        self.build.clear();
+        self.build.get_or_create(&BuildLabels { version, commit }).set(1);
     }
 
     /// Sets the caps on consumer and response-model values.
