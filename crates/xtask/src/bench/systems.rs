@@ -49,6 +49,8 @@ pub enum Kind {
     /// `sluice run` with this config template, its placeholders filled in
     /// with these values besides the common ones.
     Sluice(&'static str, &'static [(&'static str, &'static str)]),
+    /// [`Kind::Sluice`] with more of its telemetry on.
+    SluiceObserved(&'static str, &'static [(&'static str, &'static str)], Observe),
     /// Envoy (`--concurrency 2`) with this bootstrap template.
     Envoy(&'static str),
     /// nginx with this config template.
@@ -155,6 +157,19 @@ pub const SYSTEMS: &[System] = &[
         kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl", REUSED),
         work: CHAIN,
     },
+    System {
+        name: "sluice-decorate-reused-logged",
+        about: "`sluice-decorate-reused` with its access log on (JSON, as `sluice run` writes by default)",
+        kind: Kind::SluiceObserved("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_REUSED, Observe::AccessLog),
+        work: DECORATES,
+    },
+    System {
+        name: "sluice-decorate-reused-traced",
+        about: "`sluice-decorate-reused-logged` with every request traced (100% sampled) to an OpenTelemetry \
+                Collector over OTLP/gRPC",
+        kind: Kind::SluiceObserved("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_REUSED, Observe::Traced),
+        work: DECORATES,
+    },
     lite!("sluice-rust", "Rust", "example-rust.wasm", "PerRequest"),
     lite!("sluice-rust-reused", "Rust", "example-rust.wasm", "Reused"),
     lite!("sluice-c", "C", "example-c.wasm", "PerRequest"),
@@ -189,6 +204,18 @@ pub const SYSTEMS: &[System] = &[
     },
 ];
 
+/// What a Sluice system reports besides its metrics (always on, as Envoy's
+/// stats are).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observe {
+    /// Its JSON access log, one line per request (on by default in
+    /// `sluice run`; off in the other Sluice systems, as nginx's is).
+    AccessLog,
+    /// The access log, and a trace of every request sent over OTLP/gRPC to
+    /// an OpenTelemetry Collector on loopback (the one the tests build).
+    Traced,
+}
+
 /// A started system: where to send requests, and its processes (none for
 /// direct).
 pub struct Started {
@@ -196,6 +223,9 @@ pub struct Started {
     /// Sluice's admin listener.
     pub admin: Option<SocketAddr>,
     tree: Option<ProcessTree>,
+    /// A process the system needs beside it, not measured (the collector a
+    /// traced Sluice sends to).
+    _beside: Option<Running>,
 }
 
 impl Started {
@@ -271,8 +301,8 @@ impl System {
             ("SYSTEM_PROMPT", SYSTEM_PROMPT.to_owned()),
         ];
         match self.kind {
-            Kind::Direct => Ok(Started { addr: upstream, admin: None, tree: None }),
-            Kind::Sluice(template, extra) => {
+            Kind::Direct => Ok(Started { addr: upstream, admin: None, tree: None, _beside: None }),
+            Kind::Sluice(template, extra) | Kind::SluiceObserved(template, extra, _) => {
                 let config_dir = dir.join("config");
                 fs::create_dir(&config_dir)?;
                 values.extend(extra.iter().map(|(name, value)| (*name, (*value).to_owned())));
@@ -292,13 +322,29 @@ impl System {
                     // is a warm start, not a compile.
                     .arg("--cache-dir")
                     .arg(&tools.sluice_cache)
+                    .env("RUST_LOG", "warn");
+                let mut beside = None;
+                match self.kind {
                     // Measure the proxy, not per-request logging (nginx's
                     // access_log is off too, and Envoy has none here).
-                    .arg("--access-log=false")
-                    .env("RUST_LOG", "warn");
+                    Kind::SluiceObserved(_, _, Observe::AccessLog) => {
+                        cmd.args(["--log-format", "json"]);
+                    }
+                    Kind::SluiceObserved(_, _, Observe::Traced) => {
+                        let (collector, endpoint) = start_collector(dir)?;
+                        beside = Some(collector);
+                        cmd.args(["--log-format", "json", "--otlp-protocol", "grpc", "--trace-sample-ratio", "1"])
+                            .arg("--otlp-endpoint")
+                            .arg(endpoint);
+                    }
+                    _ => {
+                        cmd.arg("--access-log=false");
+                    }
+                }
                 let mut running = Running::spawn(self.name, cmd, &dir.join("sluice.log"))?;
                 process::wait_for_ready(admin, &mut [&mut running], READY_TIMEOUT)?;
-                Ok(Started { addr: listen, admin: Some(admin), tree: Some(ProcessTree::new(running, &config_dir)?) })
+                let tree = Some(ProcessTree::new(running, &config_dir)?);
+                Ok(Started { addr: listen, admin: Some(admin), tree, _beside: beside })
             }
             Kind::Envoy(template) => {
                 values.push(("FILTER_WASM", tools.proxy_wasm_filter.display().to_string()));
@@ -308,12 +354,18 @@ impl System {
                 cmd.arg("-c").arg(&config).args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn"]);
                 let mut running = Running::spawn(self.name, cmd, &dir.join("envoy.log"))?;
                 process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
-                Ok(Started { addr: listen, admin: None, tree: Some(ProcessTree::new(running, &config)?) })
+                Ok(Started {
+                    addr: listen,
+                    admin: None,
+                    tree: Some(ProcessTree::new(running, &config)?),
+                    _beside: None,
+                })
             }
             Kind::Nginx(template) => Ok(Started {
                 addr: listen,
                 admin: None,
                 tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?),
+                _beside: None,
             }),
             Kind::Litellm(template) => {
                 // The config names the hook as a module next to it.
@@ -333,7 +385,12 @@ impl System {
                     .env("LITELLM_LOG", "WARNING");
                 let mut running = Running::spawn(self.name, cmd, &dir.join("litellm.log"))?;
                 process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
-                Ok(Started { addr: listen, admin: None, tree: Some(ProcessTree::new(running, &config)?) })
+                Ok(Started {
+                    addr: listen,
+                    admin: None,
+                    tree: Some(ProcessTree::new(running, &config)?),
+                    _beside: None,
+                })
             }
         }
     }
@@ -399,4 +456,28 @@ pub fn pinned(core: u32, program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", &core.to_string()]).arg(program);
     cmd
+}
+
+/// The OpenTelemetry Collector the tests build (OTLP in, spans to a file in
+/// `dir`), on a free loopback port; returns it and its gRPC endpoint.
+fn start_collector(dir: &Path) -> Result<(Running, String)> {
+    let binary = crate::otelcol::ensure()?;
+    let grpc = process::free_local_addr()?;
+    let config = dir.join("otelcol.yaml");
+    let spans = dir.join("spans.jsonl");
+    fs::write(
+        &config,
+        format!(
+            "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: {grpc}\n\
+             exporters:\n  file:\n    path: {}\n    flush_interval: 1s\n\
+             service:\n  telemetry:\n    metrics:\n      level: none\n\
+             \x20 pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file]\n",
+            spans.display()
+        ),
+    )?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("--config").arg(&config);
+    let mut collector = Running::spawn("otelcol", cmd, &dir.join("otelcol.log"))?;
+    process::wait_for_listener(grpc, &mut [&mut collector], READY_TIMEOUT)?;
+    Ok((collector, format!("http://{grpc}")))
 }
