@@ -238,7 +238,10 @@ async fn request_filter(
     let started = Instant::now();
     let request_id = record.as_ref().map(|record| record.id.clone());
     let result = run_request_filter(plugin, request, request_id).await;
-    if let Some(record) = record.as_deref_mut() {
+    // A plugin without a request hook only had an instance made here (for
+    // its response hooks): not a call, unless that failed.
+    let called = plugin.hooks().contains(Hooks::REQUEST) || result.is_err();
+    if let Some(record) = record.as_deref_mut().filter(|_| called) {
         let outcome = match &result {
             Ok(Step::Respond(_)) => Outcome::Respond,
             Ok(Step::Continue(_)) => Outcome::Continue,

@@ -24,10 +24,10 @@ use crate::json::Checked;
 use crate::response;
 use crate::snapshot::{Route, Snapshot};
 
-/// The OpenAI endpoints that carry a `model` and are forwarded.
 const REQUEST_ID: &str = request_id::HEADER;
 const TRACEPARENT: &str = "traceparent";
 
+/// The OpenAI endpoints that carry a `model` and are forwarded.
 const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by

@@ -391,10 +391,11 @@ impl Tail {
         let summary = ResponseSummary {
             status: record.status,
             streamed: record.streamed,
+            // The counts came from u32s.
             usage: record.tokens.map(|t| Usage {
-                prompt_tokens: t.input as u32,
-                completion_tokens: t.output as u32,
-                total_tokens: (t.input + t.output).min(u64::from(u32::MAX)) as u32,
+                prompt_tokens: u32::try_from(t.input).unwrap_or(u32::MAX),
+                completion_tokens: u32::try_from(t.output).unwrap_or(u32::MAX),
+                total_tokens: u32::try_from(t.total).unwrap_or(u32::MAX),
             }),
             body_bytes: record.response_bytes,
             completed,
@@ -426,7 +427,11 @@ const MAX_MODEL_BYTES: usize = 256;
 impl Reported {
     fn apply(self, record: &mut RequestRecord) {
         if let Some(usage) = self.usage {
-            record.tokens = Some(Tokens { input: usage.prompt_tokens.into(), output: usage.completion_tokens.into() });
+            record.tokens = Some(Tokens {
+                input: usage.prompt_tokens.into(),
+                output: usage.completion_tokens.into(),
+                total: usage.total_tokens.into(),
+            });
         }
         if let Some(mut model) = self.model {
             model.truncate(model.floor_char_boundary(MAX_MODEL_BYTES));

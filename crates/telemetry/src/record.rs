@@ -169,6 +169,9 @@ pub struct Attempt {
 pub struct Tokens {
     pub input: u64,
     pub output: u64,
+    /// As reported (it may count more than input and output, e.g.
+    /// reasoning), and never less than their sum.
+    pub total: u64,
 }
 
 /// The most attempts and plugin entries a record keeps: both are bounded by

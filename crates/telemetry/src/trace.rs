@@ -593,7 +593,7 @@ mod tests {
         record.completed = true;
         record.first_byte = Some(ms(40));
         record.response_bytes = 1234;
-        record.tokens = Some(Tokens { input: 12, output: 34 });
+        record.tokens = Some(Tokens { input: 12, output: 34, total: 46 });
         record.consumer = Some("team-a".into());
         let plugin = Arc::new(PluginId::new("default", "pii", "sha256:abc"));
         let calls = |hook, first_start, last_end, calls, outcome| PluginCalls {
