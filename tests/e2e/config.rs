@@ -45,7 +45,7 @@ async fn a_plugin_that_rejects_its_config_is_not_served() {
     assert!(rejected[0]["message"].as_str().unwrap().contains("config rejected on purpose"), "{admin}");
     assert_eq!(errors_about(&admin, "AIModelRoute default/guarded").len(), 1, "{admin}");
     assert_eq!(route_names(&admin), ["default/fine"]);
-    assert!(gateway.log().contains("config rejected on purpose"), "the rejection is logged");
+    assert!(gateway.wait_for_log("config rejected on purpose").await, "the rejection is logged");
 }
 
 #[tokio::test]

@@ -45,7 +45,7 @@ async fn edits_apply_and_a_broken_file_keeps_the_last_good_config() {
     })
     .await;
     assert_eq!(errors.as_array().unwrap().len(), 1, "only the broken file is reported: {errors}");
-    assert!(gateway.log().contains(&broken), "the log names the broken file");
+    assert!(gateway.wait_for_log(&broken).await, "the log names the broken file");
     assert_eq!(team(&gateway, "gpt-test").await, "two", "the last good config serves on");
 
     // While any file is broken, nothing from the directory applies.

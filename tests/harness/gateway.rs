@@ -194,6 +194,19 @@ impl Gateway {
         reply.json()
     }
 
+    /// Waits (up to 5 s) until the log holds `text`: the gateway writes its
+    /// log from a thread of its own, in batches.
+    pub async fn wait_for_log(&self, text: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.log().contains(text) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
     /// Everything the gateway has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()))
