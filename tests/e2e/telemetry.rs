@@ -291,6 +291,8 @@ async fn the_json_access_log_tells_each_request_without_secrets() {
     let reply = gateway.chat(MODEL, &[("authorization", auth.as_str()), ("x-request-id", "req-42")]).await;
     // The id goes back to the client, and on to the upstream.
     assert_eq!(reply.header("x-request-id"), Some("req-42"));
+    // The upstream's own id is kept for the client, under another name.
+    assert!(reply.header("x-upstream-request-id").is_some_and(|id| id.starts_with("req_echo")), "{:?}", reply.headers);
     assert_eq!(reply.echoed()["headers"]["x-request-id"], "req-42");
     let usage = reply.json()["usage"].clone();
     let line = access_line(&gateway, "req-42").await;

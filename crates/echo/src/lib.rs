@@ -5,6 +5,8 @@
 //! "headers", "path", "body"}`. Tests parse it to assert exactly what a plugin chain
 //! sent upstream; plugin authors read it to see what their plugin did.
 //!
+//! Every response carries an `x-request-id` of its own, as OpenAI's do.
+//!
 //! Request headers act as test knobs:
 //! - `x-echo-status: NNN` replies with that status and an OpenAI error body
 //!   (2xx values are ignored);
@@ -201,6 +203,7 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(REQUEST_ID, upstream_request_id());
     Ok(response)
 }
 
@@ -486,8 +489,20 @@ fn json_response(value: &Value) -> Response<Body> {
 fn response(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(Full::new(body.into()).boxed());
     *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(REQUEST_ID, upstream_request_id());
     response
+}
+
+/// OpenAI names each response with its own `x-request-id` (`req_…`); so does
+/// the echo, so a gateway in front shows what it does with one.
+const REQUEST_ID: &str = "x-request-id";
+
+fn upstream_request_id() -> HeaderValue {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = format!("req_echo{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_echo"))
 }
 
 #[cfg(test)]

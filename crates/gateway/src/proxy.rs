@@ -26,6 +26,7 @@ use crate::snapshot::{Route, Snapshot};
 
 const REQUEST_ID: &str = request_id::HEADER;
 const TRACEPARENT: &str = "traceparent";
+const UPSTREAM_REQUEST_ID: &str = "x-upstream-request-id";
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
 const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -76,7 +77,12 @@ pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>)
         }
     };
     if let Some(id) = id {
-        response.headers_mut().insert(REQUEST_ID, id);
+        // An upstream's own id (OpenAI's `req_…`) is kept for the client,
+        // under another name: support asks for it.
+        let headers = response.headers_mut();
+        if let Some(theirs) = headers.insert(REQUEST_ID, id).filter(|theirs| headers.get(REQUEST_ID) != Some(theirs)) {
+            headers.insert(UPSTREAM_REQUEST_ID, theirs);
+        }
     }
     // Unless the response body took the record over, the request ends here.
     record.status = response.status().as_u16();
