@@ -93,3 +93,18 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     let tail = &all[all.len().saturating_sub(lines)..];
     format!("--- last {} lines of {} ---\n{}\n--- end ---", tail.len(), path.display(), tail.join("\n"))
 }
+
+/// Starts a process on ports found free, again with fresh ones if another
+/// process took one first (3 tries). `attempt` returns what it started, or
+/// the log of a failed start, its process killed.
+pub(crate) async fn start_on_free_ports<T>(what: &str, mut attempt: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let mut last_log = String::new();
+    for _ in 0..3 {
+        match attempt().await {
+            Ok(started) => return started,
+            Err(log) if log.contains("address already in use") => last_log = log,
+            Err(log) => panic!("{what} did not start; {log}"),
+        }
+    }
+    panic!("no free ports for {what} after 3 attempts; {last_log}");
+}

@@ -70,27 +70,22 @@ impl Collector {
     pub async fn start() -> Collector {
         let binary = binary();
         let dir = tempfile::Builder::new().prefix("sluice-e2e-otelcol").tempdir().expect("creating a collector dir");
-        let mut last_log = String::new();
-        // A port found free may be taken before the collector binds it.
-        for _ in 0..3 {
+        let (child, grpc, http) = crate::start_on_free_ports("the collector", async || {
             let (grpc, http) = (free_port(), free_port());
             let config = dir.path().join("config.yaml");
             let yaml = config_yaml(grpc, http, &dir.path().join("spans.jsonl"), &dir.path().join("metrics.jsonl"));
             std::fs::write(&config, yaml).expect("writing the collector config");
             let mut child = spawn(&binary, &config, dir.path());
             match wait_ready(&mut child, dir.path()).await {
-                Ok(()) => return Collector { child, grpc, http, dir },
-                Err(log) if log.contains("address already in use") => {
-                    crate::kill(&mut child);
-                    last_log = log;
-                }
+                Ok(()) => Ok((child, grpc, http)),
                 Err(log) => {
                     crate::kill(&mut child);
-                    panic!("the collector did not start; {log}");
+                    Err(log)
                 }
             }
-        }
-        panic!("no free ports for the collector after 3 attempts; {last_log}");
+        })
+        .await;
+        Collector { child, grpc, http, dir }
     }
 
     /// `http://127.0.0.1:<port>`: the OTLP/gRPC receiver.

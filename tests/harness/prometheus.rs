@@ -47,26 +47,21 @@ impl Prometheus {
             std::env::var_os("SLUICE_PROMETHEUS").map_or_else(|| PathBuf::from("/usr/bin/prometheus"), PathBuf::from);
         assert!(binary.is_file(), "{} is missing: {INSTALL_HINT}", binary.display());
         let client = Client::http1();
-        let mut last_log = String::new();
-        // A port found free may be taken before Prometheus binds it.
-        for _ in 0..3 {
+        let (child, addr) = crate::start_on_free_ports("Prometheus", async || {
             let addr = free_port();
             std::fs::write(dir.path().join("prometheus.yml"), config_yaml(addr, targets))
                 .expect("writing prometheus.yml");
             let mut child = spawn(&binary, dir.path(), addr);
             match wait_ready(&mut child, &client, addr, dir.path()).await {
-                Ok(()) => return Prometheus { child, addr, dir, client },
-                Err(log) if log.contains("address already in use") => {
-                    crate::kill(&mut child);
-                    last_log = log;
-                }
+                Ok(()) => Ok((child, addr)),
                 Err(log) => {
                     crate::kill(&mut child);
-                    panic!("Prometheus did not start; {log}");
+                    Err(log)
                 }
             }
-        }
-        panic!("no free port for Prometheus after 3 attempts; {last_log}");
+        })
+        .await;
+        Prometheus { child, addr, dir, client }
     }
 
     /// `127.0.0.1:<port>`: its HTTP API and its own /metrics.
