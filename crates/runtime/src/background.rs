@@ -29,6 +29,19 @@ pub(crate) fn lower_compile_threads() {
         .build_global();
 }
 
+/// Gives the memory freed by a compile back to the system. Cranelift
+/// allocates tens of MiB while it compiles, on its own threads' malloc
+/// arenas, and glibc keeps what they free: measured with three plugins,
+/// 64 MiB of RSS after their snapshots compiled, a third of it such free
+/// arena memory. `malloc_trim` returns the free pages of every arena.
+pub(crate) fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; no pointer is touched.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Runs `job` on a thread of its own at background priority; its result,
 /// or the panic's message.
 pub(crate) async fn run<T: Send + 'static>(name: &str, job: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
@@ -37,7 +50,9 @@ pub(crate) async fn run<T: Send + 'static>(name: &str, job: impl FnOnce() -> T +
         .name(name.into())
         .spawn(move || {
             lower_this_thread();
-            let _ = done.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            return_freed_memory();
+            let _ = done.send(result);
         })
         .map_err(|e| format!("cannot start a thread: {e}"))?;
     match result.await {

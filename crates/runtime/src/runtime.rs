@@ -174,9 +174,13 @@ impl Runtime {
             return Ok(module);
         }
         let this = self.clone();
-        let compiled = tokio::task::spawn_blocking(move || this.compile(&digest, bytes.into()))
-            .await
-            .map_err(|e| LoadError::Compile(format!("compile task failed: {e}")))??;
+        let compiled = tokio::task::spawn_blocking(move || {
+            let compiled = this.compile(&digest, bytes.into());
+            crate::background::return_freed_memory();
+            compiled
+        })
+        .await
+        .map_err(|e| LoadError::Compile(format!("compile task failed: {e}")))??;
         Ok(compiled)
     }
 
