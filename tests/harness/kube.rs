@@ -479,9 +479,7 @@ fn bin_dir() -> PathBuf {
     let dir = match std::env::var_os(BIN_DIR_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME or XDG_CACHE_HOME is set")).join(".cache")
-            });
+            let cache = crate::user_cache_dir();
             cache.join(CACHE_SUBDIR)
         }
     };

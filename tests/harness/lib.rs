@@ -108,3 +108,11 @@ pub(crate) async fn start_on_free_ports<T>(what: &str, mut attempt: impl AsyncFn
     }
     panic!("no free ports for {what} after 3 attempts; {last_log}");
 }
+
+/// `$XDG_CACHE_HOME` or `~/.cache`, where `cargo xtask` keeps the tools it
+/// builds once per machine (crates/xtask/src/toolchain.rs computes the same).
+pub(crate) fn user_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME or XDG_CACHE_HOME is set")).join(".cache")
+    })
+}

@@ -171,9 +171,7 @@ fn binary() -> PathBuf {
     let path = match std::env::var_os(BIN_ENV) {
         Some(path) => PathBuf::from(path),
         None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME or XDG_CACHE_HOME is set")).join(".cache")
-            });
+            let cache = crate::user_cache_dir();
             cache.join(CACHE_PATH)
         }
     };

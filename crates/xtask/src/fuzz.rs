@@ -12,7 +12,6 @@
 //! keeps its corpus in target/fuzz/corpus/<target> across runs and writes
 //! failing inputs to target/fuzz/crashes/<target>.
 
-use std::env;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -208,11 +207,8 @@ fn print_failure(text: &str, log: &Path) {
 /// A per-version install of cargo-bolero in the user's cache directory,
 /// shared by every checkout on the machine.
 fn cargo_bolero_path() -> Result<PathBuf> {
-    let cache = match env::var_os("XDG_CACHE_HOME") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
-    };
-    Ok(cache.join("sluice").join(format!("cargo-bolero-{CARGO_BOLERO_VERSION}")).join("bin/cargo-bolero"))
+    let cache = crate::toolchain::sluice_cache_dir()?;
+    Ok(cache.join(format!("cargo-bolero-{CARGO_BOLERO_VERSION}")).join("bin/cargo-bolero"))
 }
 
 fn ensure_cargo_bolero() -> Result<()> {

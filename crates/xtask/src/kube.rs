@@ -15,7 +15,6 @@
 //! build is never taken for a finished one. Go's output goes to a log file
 //! next to them.
 
-use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -46,11 +45,8 @@ const KUBERNETES_PACKAGES: &[&str] = &["k8s.io/kubernetes/cmd/kube-apiserver", "
 /// `<cache>/sluice/kube/kubernetes-v1.34.4-etcd-v3.6.16`, where `<cache>` is
 /// `$XDG_CACHE_HOME` or `~/.cache`. tests/harness/kube.rs computes the same.
 pub fn cache_root() -> Result<PathBuf> {
-    let cache = match env::var_os("XDG_CACHE_HOME") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
-    };
-    Ok(cache.join("sluice/kube").join(format!("kubernetes-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}")))
+    let cache = crate::toolchain::sluice_cache_dir()?;
+    Ok(cache.join("kube").join(format!("kubernetes-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}")))
 }
 
 /// Builds `kube-apiserver`, `kubectl` and `etcd` unless they are in the

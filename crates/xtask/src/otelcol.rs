@@ -14,7 +14,6 @@
 //! A stamp next to the binary holds a hash of the generated sources, so a
 //! change to the component list here rebuilds it.
 
-use std::env;
 use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,11 +39,8 @@ pub const BIN_ENV: &str = "SLUICE_OTELCOL_BIN";
 /// `<cache>/sluice/otelcol/otelcol-v0.161.0`, where `<cache>` is
 /// `$XDG_CACHE_HOME` or `~/.cache`. tests/harness/otelcol.rs computes the same.
 pub fn cache_root() -> Result<PathBuf> {
-    let cache = match env::var_os("XDG_CACHE_HOME") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
-    };
-    Ok(cache.join("sluice/otelcol").join(format!("otelcol-{COLLECTOR_VERSION}")))
+    let cache = crate::toolchain::sluice_cache_dir()?;
+    Ok(cache.join("otelcol").join(format!("otelcol-{COLLECTOR_VERSION}")))
 }
 
 /// Builds the collector unless the cache holds one built from the same

@@ -162,11 +162,19 @@ fn wit_bindgen_path() -> Result<PathBuf> {
     if let Some(path) = env::var_os("WIT_BINDGEN") {
         return Ok(PathBuf::from(path));
     }
+    let cache = sluice_cache_dir()?;
+    Ok(cache.join(format!("wit-bindgen-cli-{WIT_BINDGEN_VERSION}")).join("bin/wit-bindgen"))
+}
+
+/// `<cache>/sluice`, where `<cache>` is `$XDG_CACHE_HOME` or `~/.cache`: the
+/// tools built once per machine, shared by every checkout. tests/harness
+/// (`user_cache_dir`) computes the same.
+pub fn sluice_cache_dir() -> Result<PathBuf> {
     let cache = match env::var_os("XDG_CACHE_HOME") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
     };
-    Ok(cache.join("sluice").join(format!("wit-bindgen-cli-{WIT_BINDGEN_VERSION}")).join("bin/wit-bindgen"))
+    Ok(cache.join("sluice"))
 }
 
 fn ensure_wit_bindgen(path: &Path, log: &Path) -> Result<()> {
