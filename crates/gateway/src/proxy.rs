@@ -41,8 +41,7 @@ const MAX_LISTING_CHECKS: usize = 1024;
 const MAX_UNKNOWN_MODEL_CHECKS: usize = 16;
 
 pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>) -> http::Response<Body> {
-    let mut record = start_record(&mut request);
-    let id = HeaderValue::from_str(&record.id).ok();
+    let (mut record, id) = start_record(&mut request);
     // Shed load before doing any work: the permit lives as long as the
     // response, its stream included.
     let mut response = match gateway.in_flight.clone().try_acquire_owned() {
@@ -91,17 +90,19 @@ pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>)
     response
 }
 
-/// The request's record, with its id and trace context; the id goes on
-/// with the request, to plugins and the upstream.
-fn start_record(request: &mut http::Request<Incoming>) -> RequestRecord {
+/// The request's record, with its id and trace context, and the id as a
+/// header value: it goes on with the request, to plugins and the upstream,
+/// and back to the client.
+fn start_record(request: &mut http::Request<Incoming>) -> (RequestRecord, Option<HeaderValue>) {
     let headers = request.headers_mut();
     let id = request_id::request_id(headers.get(REQUEST_ID).map(HeaderValue::as_bytes));
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        headers.insert(REQUEST_ID, value);
+    let value = HeaderValue::from_str(&id).ok();
+    if let Some(value) = &value {
+        headers.insert(REQUEST_ID, value.clone());
     }
     let mut record = RequestRecord::new(id, request.method().as_str(), request.uri().path());
     record.trace = trace::start(request.headers().get(TRACEPARENT).map(HeaderValue::as_bytes));
-    record
+    (record, value)
 }
 
 async fn serve(

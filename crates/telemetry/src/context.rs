@@ -63,7 +63,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// Random enough for ids, and cheap: a per-process random key hashing a
 /// counter.
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     static KEY: OnceLock<RandomState> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
     KEY.get_or_init(RandomState::new).hash_one(NEXT.fetch_add(1, Ordering::Relaxed))

@@ -1,7 +1,6 @@
 //! Request ids: the client's `x-request-id` when it is a sensible one,
 //! else a new one, unique across replicas and cheap to make.
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +25,7 @@ pub fn request_id(from_client: Option<&[u8]>) -> Arc<str> {
 
 /// 32 hex digits: 64 random bits fixed per process, then a counter.
 fn generate() -> Arc<str> {
-    // std's RandomState is seeded from the OS per process.
-    static PREFIX: LazyLock<u64> = LazyLock::new(|| RandomState::new().hash_one(std::process::id()));
+    static PREFIX: LazyLock<u64> = LazyLock::new(crate::context::random_u64);
     static NEXT: AtomicU64 = AtomicU64::new(0);
     Arc::from(format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed)))
 }
