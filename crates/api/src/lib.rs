@@ -10,7 +10,10 @@ pub use plugin::{
     ConfigFromSpec, FailurePolicySpec, GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, IsolationSpec, PhaseSpec,
     PluginSourceSpec, PullPolicySpec, ValueFormat,
 };
-pub use route::{AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, PluginRefSpec};
+pub use route::{
+    AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, BackendTimeoutsSpec, BackendTlsSpec, BackoffSpec,
+    ConditionSpec, FallbackSpec, OutlierDetectionSpec, PluginRefSpec, ProviderSpec, RetryBudgetSpec, RetrySpec,
+};
 
 use kube::CustomResourceExt;
 use schemars::JsonSchema;

@@ -1,13 +1,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition as StatusCondition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{ApiKeySource, BackendDecl, ResourceKey, RouteDecl};
+use sluice_core::{
+    ApiKeySource, BackendDecl, BackendTimeouts, BackendTls, Condition, Conditions, Fallback, OutlierPolicy, Pem,
+    Provider, ResourceKey, RetryPolicy, RouteDecl,
+};
 
-use crate::{ReplicaStatus, SecretKeySelector};
+use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
 
 /// Which model names go to which OpenAI-compatible upstreams, and which
 /// plugins run on the way.
@@ -36,17 +39,220 @@ pub struct AIModelRouteSpec {
     /// model the older serves it.
     #[schemars(length(min = 1))]
     pub models: Vec<String>,
-    /// OpenAI-compatible upstreams, tried in turn; a backend that cannot be
-    /// connected to is skipped for the next one.
-    #[schemars(length(min = 1))]
+    /// Upstreams. Requests are spread over the backends of the lowest
+    /// `priority` by `weight`; a request that fails on one is retried on the
+    /// next as `retry` allows, and higher priorities take traffic only while
+    /// every lower one is ejected or has failed the request.
+    #[schemars(length(min = 1, max = 64))]
     pub backends: Vec<BackendSpec>,
     /// The plugin chain, in order: GatewayPlugins in this route's namespace.
     #[serde(default)]
     pub plugins: Vec<PluginRefSpec>,
-    /// How long to wait for an upstream's response head, in milliseconds.
+    /// How long to wait for an upstream's response head, in milliseconds
+    /// (default 300000), unless a backend's `timeouts.firstByteMs` says
+    /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
+    /// When a failed attempt is tried again. Without it, a backend that
+    /// cannot be connected to is skipped for the next one, and nothing else
+    /// is retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+    /// Passive health: a backend failing repeatedly is ejected for a while.
+    /// On by default (5 consecutive failures, 10 s growing to 300 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier_detection: Option<OutlierDetectionSpec>,
+    /// Other models to serve the request when this route's backends fail,
+    /// in order: the request is routed again as if it had named that model
+    /// (its route's plugins and backends), which must be served by a route
+    /// in this namespace. At most 3 fallbacks are followed per request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub fallbacks: Vec<FallbackSpec>,
+}
+
+/// A failure a retry or fallback policy can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ConditionSpec {
+    /// The connection could not be made: nothing reached the backend.
+    ConnectFailure,
+    /// The connection broke after the request was sent and before a
+    /// response head: the backend may have acted on the request.
+    Reset,
+    /// No response head in time: the backend may have acted on the request.
+    Timeout,
+    /// 429.
+    RateLimited,
+    /// 503 or 529.
+    Overloaded,
+    /// Any other 5xx.
+    ServerError,
+    /// The prompt is too long for the model (OpenAI's
+    /// `context_length_exceeded`, from the backend or a plugin).
+    ContextLengthExceeded,
+}
+
+impl From<ConditionSpec> for Condition {
+    fn from(spec: ConditionSpec) -> Self {
+        match spec {
+            ConditionSpec::ConnectFailure => Condition::ConnectFailure,
+            ConditionSpec::Reset => Condition::Reset,
+            ConditionSpec::Timeout => Condition::Timeout,
+            ConditionSpec::RateLimited => Condition::RateLimited,
+            ConditionSpec::Overloaded => Condition::Overloaded,
+            ConditionSpec::ServerError => Condition::ServerError,
+            ConditionSpec::ContextLengthExceeded => Condition::ContextLengthExceeded,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in all, the first included (default: one per backend, at
+    /// least 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub attempts: Option<u32>,
+    /// The failures that are retried (default: ConnectFailure, RateLimited
+    /// and Overloaded, where the backend did no work). A response already
+    /// streaming to the client is never retried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub on: Vec<ConditionSpec>,
+    /// Deadline for each attempt's response head, in milliseconds, when
+    /// shorter than the backend's first-byte timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub per_try_timeout_ms: Option<u64>,
+    /// Exponential backoff with full jitter between attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
+    /// A `retry-after` (or `retry-after-ms`) up to this long is waited for
+    /// when the same backend is retried; a longer one takes the backend out
+    /// of rotation for that long. Default 10000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_after_ms: Option<u64>,
+    /// At most this share of the route's requests in flight may be retries,
+    /// so retries cannot multiply an outage's load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RetryBudgetSpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackoffSpec {
+    /// The first retry waits up to this long, each next one twice as long
+    /// (default 25).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_ms: Option<u64>,
+    /// The longest wait (default 250).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryBudgetSpec {
+    /// Retries in flight as a percentage of requests in flight (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub percent: Option<u32>,
+    /// Retries in flight allowed whatever the percentage (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_concurrency: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutlierDetectionSpec {
+    /// Failures in a row (connect failures, resets, timeouts, 429 and 5xx)
+    /// that eject a backend; 0 turns ejection off. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    /// The first ejection lasts this long, each next one longer by as much
+    /// (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub base_ejection_ms: Option<u64>,
+    /// The longest ejection (default 300000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_ejection_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FallbackSpec {
+    /// A model served by a route in this namespace.
+    #[schemars(length(min = 1))]
+    pub model: String,
+    /// The failures that send the request there (default: all of them but
+    /// Reset and Timeout).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub on: Vec<ConditionSpec>,
+}
+
+/// The API a backend speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderSpec {
+    /// OpenAI-compatible: passed through.
+    #[default]
+    Openai,
+    /// Anthropic's Messages API: chat completions are translated to it and
+    /// back, streams included.
+    Anthropic,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTimeoutsSpec {
+    /// Connecting, TLS included (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub connect_ms: Option<u64>,
+    /// Sending the request to the response head (default: the route's
+    /// `timeoutMs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub first_byte_ms: Option<u64>,
+    /// Between two chunks of the response (default: the gateway's
+    /// `--upstream-idle-timeout-seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub idle_ms: Option<u64>,
+    /// The whole exchange, the response body included (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub total_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsSpec {
+    /// PEM file of the CA certificates to trust for this backend instead of
+    /// the public roots. Files are for standalone mode; in Kubernetes only
+    /// absolute paths under `--allow-host-files-under` are accepted: use
+    /// `secretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// PEM file of the client certificate chain, for mutual TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<String>,
+    /// PEM file of the client certificate's private key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+    /// A Secret in the route's namespace holding `ca.crt` and/or `tls.crt`
+    /// and `tls.key` (a `kubernetes.io/tls` Secret), used instead of files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<LocalObjectReference>,
+    /// The name to send in SNI and to verify the certificate against,
+    /// instead of the URL's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -80,6 +286,25 @@ pub struct BackendSpec {
     /// route's namespace. A rotated Secret is picked up without a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeySelector>,
+    /// The API it speaks: `openai` (default) or `anthropic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderSpec>,
+    /// Its share of the traffic among backends of its priority (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: Option<u32>,
+    /// Lower is preferred (default 0): a backend takes traffic only while
+    /// every backend of a lower priority is ejected or has failed the
+    /// request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub priority: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<BackendTimeoutsSpec>,
+    /// How the backend's certificate is verified and the gateway's own
+    /// presented (HTTPS URLs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTlsSpec>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -102,7 +327,7 @@ pub struct AIModelRouteStatus {
     /// `ResolvedRefs` (its plugins and Secrets exist) and `Ready` (every
     /// gateway replica serves this generation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    pub conditions: Vec<StatusCondition>,
     /// Gateway replicas serving this generation, out of the live replicas: `2/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loaded: Option<String>,
@@ -114,7 +339,10 @@ pub struct AIModelRouteStatus {
 impl AIModelRoute {
     /// Names of the Secrets this route reads, in its namespace.
     pub fn secret_names(&self) -> impl Iterator<Item = &str> {
-        self.spec.backends.iter().filter_map(|b| b.api_key_secret_ref.as_ref()).map(|r| r.name.as_str())
+        let keys = self.spec.backends.iter().filter_map(|b| b.api_key_secret_ref.as_ref()).map(|r| r.name.as_str());
+        let tls =
+            self.spec.backends.iter().filter_map(|b| b.tls.as_ref()?.secret_ref.as_ref()).map(|r| r.name.as_str());
+        keys.chain(tls)
     }
 
     pub fn key(&self) -> ResourceKey {
@@ -130,31 +358,133 @@ impl AIModelRoute {
             return Err("spec.backends is empty".into());
         }
         let key = self.key();
-        let backends = spec
-            .backends
-            .iter()
-            .map(|b| {
-                let url = b.url.trim_end_matches('/');
-                let host = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
-                if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
-                    return Err(format!("backend url `{}` must start with http:// or https:// and a host", b.url));
-                }
-                // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
-                let api_key = match (&b.api_key_env, &b.api_key_file, &b.api_key_secret_ref) {
-                    (Some(var), None, None) => Some(ApiKeySource::Env(var.clone())),
-                    (None, Some(file), None) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
-                    (None, None, _) => None,
-                    _ => return Err("a backend sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
-                };
-                Ok(BackendDecl { url: b.url.trim_end_matches('/').to_string(), model: b.model.clone(), api_key })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(RouteDecl {
-            plugins: spec.plugins.iter().map(|p| ResourceKey::new(key.namespace.clone(), p.name.clone())).collect(),
-            key,
-            models: spec.models.clone(),
-            backends,
-            timeout: spec.timeout_ms.map(|ms| Duration::from_millis(ms.max(1))).unwrap_or(RouteDecl::DEFAULT_TIMEOUT),
-        })
+        let backends = spec.backends.iter().map(|b| backend_decl(b, base_dir)).collect::<Result<_, _>>()?;
+        let mut route = RouteDecl::new(key, spec.models.clone());
+        route.backends = backends;
+        route.plugins =
+            spec.plugins.iter().map(|p| ResourceKey::new(route.key.namespace.clone(), p.name.clone())).collect();
+        route.timeout =
+            spec.timeout_ms.map(|ms| Duration::from_millis(ms.max(1))).unwrap_or(RouteDecl::DEFAULT_TIMEOUT);
+        if let Some(retry) = &spec.retry {
+            route.retry = retry_policy(retry, spec.backends.len())?;
+        }
+        if let Some(outlier) = &spec.outlier_detection {
+            let defaults = OutlierPolicy::default();
+            route.outlier = OutlierPolicy {
+                consecutive_failures: outlier.consecutive_failures.unwrap_or(defaults.consecutive_failures),
+                base_ejection: outlier.base_ejection_ms.map_or(defaults.base_ejection, Duration::from_millis),
+                max_ejection: outlier.max_ejection_ms.map_or(defaults.max_ejection, Duration::from_millis),
+            };
+        }
+        for fallback in &spec.fallbacks {
+            if spec.models.contains(&fallback.model) {
+                return Err(format!("fallback model `{}` is one of this route's own models", fallback.model));
+            }
+            let on = if fallback.on.is_empty() {
+                Condition::ALL.into_iter().filter(|c| !matches!(c, Condition::Reset | Condition::Timeout)).collect()
+            } else {
+                conditions(&fallback.on)
+            };
+            route.fallbacks.push(Fallback { model: fallback.model.clone(), on });
+        }
+        Ok(route)
     }
+}
+
+fn conditions(list: &[ConditionSpec]) -> Conditions {
+    list.iter().map(|c| Condition::from(*c)).collect()
+}
+
+fn retry_policy(spec: &RetrySpec, backends: usize) -> Result<RetryPolicy, String> {
+    let defaults = RetryPolicy::default();
+    let backoff = spec.backoff.clone().unwrap_or_default();
+    let base = backoff.base_ms.map_or(defaults.backoff_base, Duration::from_millis);
+    let max = backoff.max_ms.map_or(defaults.backoff_max.max(base), Duration::from_millis);
+    if max < base {
+        return Err(format!(
+            "retry.backoff.maxMs ({} ms) is less than baseMs ({} ms)",
+            max.as_millis(),
+            base.as_millis()
+        ));
+    }
+    let budget = spec.budget.clone().unwrap_or_default();
+    Ok(RetryPolicy {
+        attempts: Some(spec.attempts.unwrap_or(backends.max(2) as u32).clamp(1, RetryPolicy::MAX_ATTEMPTS)),
+        on: if spec.on.is_empty() { RetryPolicy::default_conditions() } else { conditions(&spec.on) },
+        per_try_timeout: spec.per_try_timeout_ms.map(|ms| Duration::from_millis(ms.max(1))),
+        backoff_base: base,
+        backoff_max: max,
+        max_retry_after: spec.max_retry_after_ms.map_or(defaults.max_retry_after, Duration::from_millis),
+        budget_percent: budget.percent.unwrap_or(defaults.budget_percent).min(100),
+        budget_min_concurrency: budget.min_concurrency.unwrap_or(defaults.budget_min_concurrency),
+    })
+}
+
+fn backend_decl(b: &BackendSpec, base_dir: &std::path::Path) -> Result<BackendDecl, String> {
+    let url = b.url.trim_end_matches('/');
+    let https = url.starts_with("https://");
+    let host = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+        return Err(format!("backend url `{}` must start with http:// or https:// and a host", b.url));
+    }
+    // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
+    let api_key = match (&b.api_key_env, &b.api_key_file, &b.api_key_secret_ref) {
+        (Some(var), None, None) => Some(ApiKeySource::Env(var.clone())),
+        (None, Some(file), None) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
+        (None, None, _) => None,
+        _ => return Err("a backend sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
+    };
+    let mut decl = BackendDecl::new(url);
+    decl.model = b.model.clone();
+    decl.api_key = api_key;
+    decl.provider = match b.provider.unwrap_or_default() {
+        ProviderSpec::Openai => Provider::OpenAi,
+        ProviderSpec::Anthropic => Provider::Anthropic,
+    };
+    decl.weight = b.weight.unwrap_or(BackendDecl::DEFAULT_WEIGHT).max(1);
+    decl.priority = b.priority.unwrap_or(0);
+    if let Some(t) = &b.timeouts {
+        let ms = |v: Option<u64>| v.map(|ms| Duration::from_millis(ms.max(1)));
+        decl.timeouts = BackendTimeouts {
+            connect: ms(t.connect_ms),
+            first_byte: ms(t.first_byte_ms),
+            idle: ms(t.idle_ms),
+            total: ms(t.total_ms),
+        };
+    }
+    if let Some(tls) = &b.tls {
+        if !https {
+            return Err(format!("backend `{}` sets `tls` but is not an https:// URL", b.url));
+        }
+        // A Secret's PEM is resolved by the Kubernetes controller.
+        let file = |f: &Option<String>| f.as_ref().map(|f| Pem::File(base_dir.join(f)));
+        if tls.cert_file.is_some() != tls.key_file.is_some() {
+            return Err("tls.certFile and tls.keyFile go together".into());
+        }
+        if tls.secret_ref.is_some() && (tls.ca_file.is_some() || tls.cert_file.is_some()) {
+            return Err("tls.secretRef replaces tls.caFile, certFile and keyFile: set one or the other".into());
+        }
+        if let Some(name) = &tls.server_name
+            && (name.is_empty() || rustls_pki_name(name).is_none())
+        {
+            return Err(format!("tls.serverName `{name}` is not a DNS name or IP address"));
+        }
+        decl.tls = Some(BackendTls {
+            ca: file(&tls.ca_file),
+            client_cert: file(&tls.cert_file),
+            client_key: file(&tls.key_file),
+            server_name: tls.server_name.clone(),
+        });
+    }
+    Ok(decl)
+}
+
+/// Whether `name` could be a server name: a DNS name's characters or an IP
+/// address. The data plane's TLS library has the last word.
+fn rustls_pki_name(name: &str) -> Option<()> {
+    let dns = name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty() && label.len() <= 63 && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    (dns || name.parse::<std::net::IpAddr>().is_ok()).then_some(())
 }

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 use sluice_api::{AIModelRoute, GatewayPlugin, SecretKeySelector, ValueFormat};
 use sluice_core::{
-    ApiKeySource, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey, RouteDecl, reason,
+    ApiKeySource, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey, RouteDecl, reason,
 };
 
 use crate::Tenancy;
@@ -144,6 +144,15 @@ fn resolve_route(
         if let Some(file) = &backend.api_key_file {
             host_file(tenancy, "apiKeyFile", file)?;
         }
+        if let Some(tls) = &backend.tls {
+            for (field, file) in
+                [("tls.caFile", &tls.ca_file), ("tls.certFile", &tls.cert_file), ("tls.keyFile", &tls.key_file)]
+            {
+                if let Some(file) = file {
+                    host_file(tenancy, field, file)?;
+                }
+            }
+        }
         if let Some(name) = &backend.api_key_env
             && !tenancy.allows_env(name)
         {
@@ -173,6 +182,34 @@ fn resolve_route(
             let key = secret_text(secrets, &decl.key.namespace, selector)?;
             redactions.add(&key);
             backend.api_key = Some(ApiKeySource::Value(sluice_core::Secret::new(key.trim().to_string())));
+        }
+        if let (Some(tls), Some(reference)) = (&mut backend.tls, spec.tls.as_ref().and_then(|t| t.secret_ref.as_ref()))
+        {
+            let secret = secrets.get(&decl.key.namespace, &reference.name).ok_or_else(|| {
+                Problem::unresolved(
+                    reason::SECRET_NOT_FOUND,
+                    format!("Secret {}/{} (tls.secretRef) does not exist", decl.key.namespace, reference.name),
+                )
+            })?;
+            let pem = |key: &str| {
+                secret_bytes(&secret, key)
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .map(|text| Pem::Value(sluice_core::Secret::new(text)))
+            };
+            tls.ca = pem("ca.crt");
+            (tls.client_cert, tls.client_key) = (pem("tls.crt"), pem("tls.key"));
+            if tls.ca.is_none() && tls.client_cert.is_none() {
+                return Err(Problem::unresolved(
+                    reason::SECRET_NOT_FOUND,
+                    format!("Secret {}/{} holds neither ca.crt nor tls.crt", decl.key.namespace, reference.name),
+                ));
+            }
+            if tls.client_cert.is_some() != tls.client_key.is_some() {
+                return Err(Problem::invalid(format!(
+                    "Secret {}/{}: tls.crt and tls.key go together",
+                    decl.key.namespace, reference.name
+                )));
+            }
         }
     }
     Ok(decl)

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::routing::{BackendTimeouts, BackendTls, Fallback, OutlierPolicy, Provider, RetryPolicy};
+
 /// `namespace/name` of a resource.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct ResourceKey {
@@ -175,11 +177,37 @@ pub enum ApiKeySource {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendDecl {
-    /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:9000/v1`.
+    /// Base URL, e.g. `http://127.0.0.1:9000/v1`.
     pub url: String,
     /// Model name to send upstream instead of the client's.
     pub model: Option<String>,
     pub api_key: Option<ApiKeySource>,
+    pub provider: Provider,
+    /// Share of traffic among the backends of its priority.
+    pub weight: u32,
+    /// 0 is served first; a higher number takes traffic only while every
+    /// backend of lower numbers is ejected or has failed the request.
+    pub priority: u32,
+    pub timeouts: BackendTimeouts,
+    pub tls: Option<BackendTls>,
+}
+
+impl BackendDecl {
+    pub const DEFAULT_WEIGHT: u32 = 1;
+
+    /// An OpenAI-compatible backend at `url`, with every default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            model: None,
+            api_key: None,
+            provider: Provider::OpenAi,
+            weight: Self::DEFAULT_WEIGHT,
+            priority: 0,
+            timeouts: BackendTimeouts::default(),
+            tls: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,12 +217,30 @@ pub struct RouteDecl {
     pub backends: Vec<BackendDecl>,
     /// The plugin chain, in order; plugins live in the route's namespace.
     pub plugins: Vec<ResourceKey>,
-    /// How long to wait for the upstream's response head.
+    /// How long to wait for the upstream's response head, unless a backend
+    /// says otherwise.
     pub timeout: Duration,
+    pub retry: RetryPolicy,
+    pub outlier: OutlierPolicy,
+    pub fallbacks: Vec<Fallback>,
 }
 
 impl RouteDecl {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+    /// A route with every default: no backends, no plugins.
+    pub fn new(key: ResourceKey, models: Vec<String>) -> Self {
+        Self {
+            key,
+            models,
+            backends: vec![],
+            plugins: vec![],
+            timeout: Self::DEFAULT_TIMEOUT,
+            retry: RetryPolicy::default(),
+            outlier: OutlierPolicy::default(),
+            fallbacks: vec![],
+        }
+    }
 }
 
 /// A problem with one resource (or one file), reported and not served.
@@ -268,13 +314,7 @@ mod tests {
     use super::*;
 
     fn route(name: &str, models: &[&str]) -> RouteDecl {
-        RouteDecl {
-            key: ResourceKey::new("default", name),
-            models: models.iter().map(|m| m.to_string()).collect(),
-            backends: vec![],
-            plugins: vec![],
-            timeout: RouteDecl::DEFAULT_TIMEOUT,
-        }
+        RouteDecl::new(ResourceKey::new("default", name), models.iter().map(|m| m.to_string()).collect())
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod error;
 pub mod reason;
 pub mod redact;
 pub mod report;
+pub mod routing;
 
 pub use config::{
     ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource,
@@ -15,3 +16,6 @@ pub use config::{
 pub use error::{ApiError, ErrorType};
 pub use redact::Redactions;
 pub use report::{LoadReport, LoadState};
+pub use routing::{
+    BackendTimeouts, BackendTls, Condition, Conditions, Fallback, OutlierPolicy, Pem, Provider, RetryPolicy,
+};

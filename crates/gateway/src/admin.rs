@@ -4,10 +4,11 @@
 use http::StatusCode;
 use hyper::body::Incoming;
 use serde::Serialize;
-use sluice_core::FailurePolicy;
+use sluice_core::{FailurePolicy, Provider};
 use sluice_runtime::Hooks;
-use sluice_telemetry::metrics::{PluginInfoLabels, PluginPoolLabels};
+use sluice_telemetry::metrics::{BackendLabels, PluginInfoLabels, PluginPoolLabels};
 
+use crate::balance::now_ms;
 use crate::body::{Body, error_response, full, json_response};
 use crate::gateway::Gateway;
 use crate::snapshot::Snapshot;
@@ -79,6 +80,14 @@ pub fn refresh_metrics(gateway: &Gateway) {
         };
         m.plugin_info.get_or_create(&labels).set(1);
     }
+    m.backend_ejected.clear();
+    let now = now_ms();
+    for route in snapshot.routes() {
+        for backend in &route.backends {
+            let labels = BackendLabels { route: route.label.clone(), backend: backend.label.clone() };
+            m.backend_ejected.get_or_create(&labels).set(i64::from(backend.health.ejected_for(now).is_some()));
+        }
+    }
 }
 
 fn config(gateway: &Gateway) -> http::Response<Body> {
@@ -106,14 +115,29 @@ struct RouteView {
     models: Vec<String>,
     backends: Vec<BackendView>,
     plugins: Vec<String>,
+    fallbacks: Vec<String>,
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct BackendView {
     url: String,
     model: Option<String>,
-    #[serde(rename = "apiKey")]
     api_key: bool,
+    provider: &'static str,
+    weight: u32,
+    priority: u32,
+    /// Passive health, as this replica learned it.
+    health: HealthView,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HealthView {
+    /// How much longer it is out of rotation, if it is.
+    ejected_for_ms: Option<u128>,
+    consecutive_failures: u32,
+    ejections: u64,
 }
 
 #[derive(Serialize)]
@@ -162,6 +186,7 @@ impl SnapshotView {
             })
             .collect();
         plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        let now = now_ms();
         let routes = snapshot
             .routes()
             .iter()
@@ -171,13 +196,26 @@ impl SnapshotView {
                 backends: r
                     .backends
                     .iter()
-                    .map(|b| BackendView {
+                    .zip(&r.decl.backends)
+                    .map(|(b, decl)| BackendView {
                         url: b.url.clone(),
                         model: b.model.clone(),
-                        api_key: b.authorization.is_some(),
+                        api_key: b.credential.is_some(),
+                        provider: match b.provider {
+                            Provider::OpenAi => "openai",
+                            Provider::Anthropic => "anthropic",
+                        },
+                        weight: decl.weight,
+                        priority: decl.priority,
+                        health: HealthView {
+                            ejected_for_ms: b.health.ejected_for(now).map(|d| d.as_millis()),
+                            consecutive_failures: b.health.consecutive_failures(),
+                            ejections: b.health.total_ejections(),
+                        },
                     })
                     .collect(),
                 plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
+                fallbacks: r.decl.fallbacks.iter().map(|f| f.model.clone()).collect(),
             })
             .collect();
         SnapshotView { generation: snapshot.generation, routes, plugins }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
 use sluice_chat::ChatBody;
-use sluice_core::{ApiError, FailurePolicy, Phase};
+use sluice_core::{ApiError, Condition, FailurePolicy, Phase};
 use sluice_runtime::headers::{MAX_HEADERS, apply_edits, strip_hop_by_hop};
 use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction};
 
@@ -311,12 +311,23 @@ fn check_direct_status(status: u16) -> Result<(), PluginError> {
     }
 }
 
+/// A plugin's answer names a failure a route's fallback may name: the
+/// request is too long for the model (context-trim's refusal).
+#[derive(Clone, Copy, Debug)]
+pub struct Refusal(pub Condition);
+
 fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse) -> http::Response<Body> {
     let status = StatusCode::from_u16(direct.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if direct.body.is_empty() && status.as_u16() >= 400 {
         return error_response(&ApiError::plugin_rejected(plugin.name(), status.as_u16()));
     }
+    let refusal = (status == StatusCode::BAD_REQUEST
+        && crate::provider::error_code(&direct.body).as_deref() == Some("context_length_exceeded"))
+    .then_some(Refusal(Condition::ContextLengthExceeded));
     let mut response = http::Response::new(full(direct.body));
+    if let Some(refusal) = refusal {
+        response.extensions_mut().insert(refusal);
+    }
     *response.status_mut() = status;
     let headers = response.headers_mut();
     if let Err(error) = apply_edits(headers, &direct.headers, &[]) {

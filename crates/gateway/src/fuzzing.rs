@@ -14,7 +14,7 @@ pub fn requested_model(body: &[u8]) -> Result<String, (u16, &'static str)> {
 
 /// The body with a backend's model in place of the client's.
 pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, (u16, &'static str)> {
-    crate::proxy::rewrite_model(body, model).map_err(|e| (e.status, e.code))
+    crate::forward::rewrite_model(body, model).map_err(|e| (e.status, e.code))
 }
 
 /// The `usage` of an upstream's JSON response or final stream chunk, as

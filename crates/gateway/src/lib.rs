@@ -4,12 +4,15 @@
 //! swapped atomically, so a request runs start to end on one version.
 
 mod admin;
+mod balance;
 mod body;
 mod chain;
+mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
 mod json;
+mod provider;
 mod proxy;
 mod response;
 mod server;

@@ -6,22 +6,25 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use sluice_core::ApiError;
+use sluice_core::{ApiError, Condition, Fallback};
 use sluice_runtime::Hooks;
+use sluice_telemetry::Label;
+use sluice_telemetry::metrics::FallbackLabels;
 use tokio::sync::OwnedSemaphorePermit;
 
 use sluice_telemetry::record::operation_of;
-use sluice_telemetry::{Attempt, RequestRecord, request_id, trace};
+use sluice_telemetry::{RequestRecord, request_id, trace};
 
 use crate::body::{Body, ErrorCode, error_response, json_response};
-use crate::chain::{self, Filtered, Outgoing, request_filters};
+use crate::chain::{self, Filtered, Outgoing, Refusal, request_filters};
+use crate::forward::forward;
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
 
 use crate::json::Checked;
-use crate::response;
+use crate::response::{self, BodyLimits};
 use crate::snapshot::{Route, Snapshot};
 
 const REQUEST_ID: &str = request_id::HEADER;
@@ -29,7 +32,7 @@ const TRACEPARENT: &str = "traceparent";
 const UPSTREAM_REQUEST_ID: &str = "x-upstream-request-id";
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
-const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by
 /// routes with the same auth plugins); models past it are not listed.
@@ -180,8 +183,11 @@ async fn unknown_model(snapshot: &Snapshot, model: &str, request: &Outgoing) -> 
 }
 
 /// The phases of one forwarded request, each with one home: read the body,
-/// route by model, the request hooks ([`chain`](crate::chain)), forward, and
-/// the response phase ([`response`](crate::response)).
+/// route by model, the request hooks ([`chain`](crate::chain)), the
+/// upstream ([`forward`](crate::forward)), and the response phase
+/// ([`response`](crate::response)). A request whose route fails in a way
+/// the route's fallbacks name starts again from routing, for the fallback
+/// model.
 async fn proxy(
     gateway: &Gateway,
     snapshot: &Snapshot,
@@ -193,31 +199,93 @@ async fn proxy(
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
     let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
-    let model = requested_model(&body)?;
-    let mut outgoing = Outgoing::new(parts, body);
+    let mut model = requested_model(&body)?;
+    let client_request = Outgoing::new(parts, body);
     // Plugins see header values as strings: one that is not UTF-8 would
     // reach the upstream unseen by them.
-    if let Some(name) = not_utf8(&outgoing.headers) {
+    if let Some(name) = not_utf8(&client_request.headers) {
         return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
     }
-    let Some((route, model_label)) = snapshot.routed(&model) else {
-        return Ok(unknown_model(snapshot, &model, &outgoing).await);
+    let Some((mut route, mut model_label)) = snapshot.routed(&model) else {
+        return Ok(unknown_model(snapshot, &model, &client_request).await);
     };
-    // The model is one the config names: a bounded label.
-    record.route = Some(route.label.clone());
-    record.model = Some(model_label.clone());
-    let (engaged, response_headers) =
-        match request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes, record).await? {
+    // The client's request is kept for a fallback only if there may be one.
+    let mut client_request = Some(client_request);
+    let mut hops = 0;
+    loop {
+        // The model is one the config names: a bounded label.
+        record.route = Some(route.label.clone());
+        record.model = Some(model_label.clone());
+        // Taken only where no fallback can follow.
+        let last = route.decl.fallbacks.is_empty() || hops >= Fallback::MAX_HOPS;
+        let mut outgoing = if last { client_request.take() } else { client_request.clone() }
+            .ok_or_else(|| ApiError::internal("the request was not kept for its fallback"))?;
+        if hops > 0 {
+            outgoing.body = crate::forward::rewrite_model(&outgoing.body, &model)?;
+        }
+        let filtered = request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
+        let (engaged, response_headers) = match filtered {
             Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
-            Filtered::Respond(response) => return Ok(response),
+            Filtered::Respond(response) => {
+                // A plugin's refusal a fallback names (context-trim's
+                // `context_length_exceeded`) moves the request too.
+                let refused = response.extensions().get::<Refusal>().map(|r| r.0);
+                if let Some(condition) = refused
+                    && let Some((next, label, to)) = fallback(snapshot, route, condition, hops)
+                {
+                    (route, model_label, model) = (next, label, to);
+                    hops += 1;
+                    continue;
+                }
+                return Ok(response);
+            }
         };
-    if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
-        // Plugins that read the response body need it as text, not gzip.
-        outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
+            // Plugins that read the response body need it as text, not gzip.
+            outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        let forwarded = forward(gateway, route, &outgoing, record).await;
+        if let Some(condition) = forwarded.failure
+            && let Some((next, label, to)) = fallback(snapshot, route, condition, hops)
+        {
+            tracing::info!(route = %route.label, fallback = %to, condition = condition.name(), request_id = &*record.id, "falling back");
+            (route, model_label, model) = (next, label, to);
+            hops += 1;
+            continue;
+        }
+        let upstream = forwarded.response?;
+        let backend = forwarded.backend.and_then(|i| route.backends.get(i));
+        let limits = BodyLimits {
+            idle: backend.and_then(|b| b.timeouts.idle).unwrap_or(gateway.settings.upstream_idle_timeout),
+            deadline: backend.and_then(|b| b.timeouts.total).map(|total| record.started + total),
+        };
+        return response::respond(upstream, engaged, response_headers, &gateway.settings, limits, record).await;
     }
+}
 
-    let upstream = forward(gateway, route, outgoing, record).await?;
-    response::respond(upstream, engaged, response_headers, &gateway.settings, record).await
+/// Where a request that failed on `route` in the way `condition` goes
+/// next, if the route names a fallback for it: a model served by a route
+/// in the same namespace (another tenant's backends and keys are not
+/// this route's to use).
+fn fallback<'s>(
+    snapshot: &'s Snapshot,
+    route: &Route,
+    condition: Condition,
+    hops: usize,
+) -> Option<(&'s Arc<Route>, &'s Label, String)> {
+    if hops >= Fallback::MAX_HOPS {
+        return None;
+    }
+    route.decl.fallbacks.iter().filter(|f| f.on.contains(condition)).find_map(|f| {
+        let (next, label) = snapshot.routed(&f.model)?;
+        if next.decl.key.namespace != route.decl.key.namespace {
+            tracing::warn!(route = %route.label, fallback = %f.model, "fallback model is served in another namespace; not followed");
+            return None;
+        }
+        let labels = FallbackLabels { route: route.label.clone(), fallback_model: label.clone(), condition: condition.name() };
+        sluice_telemetry::metrics().fallbacks.get_or_create(&labels).inc();
+        Some((next, label, f.model.clone()))
+    })
 }
 
 /// Reads the whole request body, within the per-request size limit, the
@@ -308,102 +376,6 @@ impl<'de> serde::Deserialize<'de> for Routed {
     }
 }
 
-async fn forward(
-    gateway: &Gateway,
-    route: &Route,
-    outgoing: Outgoing,
-    record: &mut RequestRecord,
-) -> Result<http::Response<Incoming>, ApiError> {
-    // `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
-    // backend URL names the API root, `/v1` included.
-    let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path).to_string();
-    let timeout = route.decl.timeout;
-    let mut last_error = None;
-    for backend in route.backends_in_order() {
-        let body = match &backend.model {
-            Some(model) => rewrite_model(&outgoing.body, model)?,
-            None => outgoing.body.clone(),
-        };
-        let mut request = http::Request::new(Full::new(body));
-        *request.method_mut() = outgoing.method.clone();
-        *request.uri_mut() = format!("{}{suffix}", backend.url)
-            .parse()
-            .map_err(|e| ApiError::internal(format!("backend url {}: {e}", backend.url)))?;
-        let headers = request.headers_mut();
-        headers.clone_from(&outgoing.headers);
-        headers.remove(header::HOST);
-        headers.remove(header::CONTENT_LENGTH);
-        if let Some(authorization) = &backend.authorization {
-            headers.insert(header::AUTHORIZATION, authorization.clone());
-        }
-        // The upstream's parent span is this attempt's.
-        let span_id = record.trace.as_ref().map(|trace| {
-            let span_id = trace::new_span_id();
-            if let Ok(value) = HeaderValue::from_str(&trace.traceparent(span_id)) {
-                headers.insert(TRACEPARENT, value);
-            }
-            span_id
-        });
-        let start = record.elapsed();
-        let sent = tokio::time::timeout(timeout, gateway.upstream.send(request)).await;
-        let mut attempt = Attempt {
-            backend: backend.label.clone(),
-            start,
-            end: record.elapsed(),
-            status: None,
-            error: None,
-            span_id,
-        };
-        match sent {
-            Err(_) => {
-                let error = ApiError::upstream_timeout(timeout.as_millis() as u64);
-                attempt.error = Some(error.message.clone());
-                record.attempt(attempt);
-                return Err(error);
-            }
-            Ok(Ok(response)) => {
-                attempt.status = Some(response.status().as_u16());
-                record.attempt(attempt);
-                return Ok(response);
-            }
-            // Nothing reached the backend: the next one may serve it.
-            Ok(Err(error)) if error.is_connect() => {
-                tracing::warn!(backend = %backend.label, error = %error_chain(&error), request_id = &*record.id, "backend unreachable");
-                attempt.error = Some(error_chain(&error));
-                record.attempt(attempt);
-                last_error = Some(error);
-            }
-            Ok(Err(error)) => {
-                attempt.error = Some(error_chain(&error));
-                record.attempt(attempt);
-                return Err(ApiError::upstream_unavailable(error_chain(&error)));
-            }
-        }
-    }
-    Err(ApiError::upstream_unavailable(last_error.map(|e| error_chain(&e)).unwrap_or_else(|| "no backends".into())))
-}
-
-/// The body with its `model` set to the backend's, every other byte as the
-/// client (or the chain) wrote it.
-pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
-    // A plugin may have written the body: it must at least be JSON.
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map_err(|e| ApiError::internal(format!("the plugin chain left a body that is not JSON: {e}")))?;
-    let model = serde_json::Value::from(model).to_string();
-    Ok(sluice_chat::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
 #[cfg(test)]
 mod tests {
     //! The whole data plane in-process: the gateway and the echo upstream on
@@ -413,7 +385,7 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
     use sluice_core::{BackendDecl, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource};
@@ -455,11 +427,10 @@ mod tests {
         let runtime = Runtime::new(RuntimeConfig { max_instances: 20, ..Default::default() }).unwrap();
         let gateway = Gateway::new(runtime, None, Settings::default()).unwrap();
         let route = RouteDecl {
-            key: ResourceKey::new("default", "chat"),
-            models: vec!["gpt-4o-mini".into()],
-            backends: vec![BackendDecl { url: format!("http://{echo_addr}/v1"), model: None, api_key: None }],
+            backends: vec![BackendDecl::new(format!("http://{echo_addr}/v1"))],
             plugins: vec![ResourceKey::new("default", "add-header")],
             timeout: Duration::from_secs(10),
+            ..RouteDecl::new(ResourceKey::new("default", "chat"), vec!["gpt-4o-mini".into()])
         };
         let desired = DesiredConfig { revision: 1, plugins: vec![add_header()], routes: vec![route] };
         let (updates, rx) = watch::channel(Some(ConfigUpdate::Desired(desired)));
@@ -525,7 +496,8 @@ mod tests {
         assert_eq!(requested_model(br#"{"m\u006fdel":"\u00e9"}"#).unwrap(), "é");
         let body = Bytes::from_static(br#"{"model":"m","temperature":0.5,"seed":18446744073709551615}"#);
         assert_eq!(requested_model(&body).unwrap(), "m");
-        let rewritten: serde_json::Value = serde_json::from_slice(&rewrite_model(&body, "backend").unwrap()).unwrap();
+        let rewritten: serde_json::Value =
+            serde_json::from_slice(&crate::forward::rewrite_model(&body, "backend").unwrap()).unwrap();
         assert_eq!(
             rewritten,
             serde_json::json!({"model": "backend", "temperature": 0.5, "seed": 18446744073709551615u64})

@@ -13,7 +13,6 @@ use futures_util::StreamExt;
 use http::header;
 use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Incoming;
 use sluice_core::ApiError;
 use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSummary, Usage};
 
@@ -38,10 +37,11 @@ const MAX_EVENT_BYTES: usize = 4 << 20;
 /// is sent turns the response into an error. `set_headers` are the headers
 /// plugins set for it from the request phase.
 pub async fn respond(
-    upstream: http::Response<Incoming>,
+    upstream: http::Response<Body>,
     mut engaged: Vec<Engaged>,
     set_headers: http::HeaderMap,
     settings: &Settings,
+    limits: BodyLimits,
     record: &mut RequestRecord,
 ) -> Result<http::Response<Body>, ApiError> {
     let max_body_bytes = settings.max_body_bytes;
@@ -67,11 +67,11 @@ pub async fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
     let wanted = engaged.iter().fold(Hooks::empty(), |hooks, e| hooks | e.hooks());
-    let mut body: Body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
+    let mut body = body;
     let mut known = None;
     if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
         // Only a `response-body` hook makes the gateway hold a whole body.
-        let whole = collect_limited(body, max_body_bytes, settings.upstream_idle_timeout).await.map_err(|error| {
+        let whole = collect_limited(body, max_body_bytes, limits.idle).await.map_err(|error| {
             ApiError::upstream_unavailable(format!(
                 "reading the upstream's response for response-body plugins: {error}"
             ))
@@ -90,8 +90,17 @@ pub async fn respond(
     }
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced. It ends the request.
-    let body = relay(body, record.hand_off(), engaged, read_already, settings.upstream_idle_timeout);
+    let body = relay(body, record.hand_off(), engaged, read_already, limits);
     Ok(http::Response::from_parts(head, body))
+}
+
+/// How long the upstream may take over the response body.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    /// Between two frames.
+    pub idle: Duration,
+    /// The whole exchange must end by then.
+    pub deadline: Option<Instant>,
 }
 
 /// The body's content coding, unless it is none (`identity`).
@@ -147,7 +156,7 @@ async fn response_body_filters(
 /// The body the client receives. It ends the exchange (`response-end`
 /// hooks, the request's record) when the upstream's body ends, or when the
 /// client goes away. `known`: the usage and model were read already.
-fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bool, idle: Duration) -> Body {
+fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bool, limits: BodyLimits) -> Body {
     let streamed = record.streamed;
     let chunk_hooks = streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
@@ -157,7 +166,7 @@ fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bo
         chunk_hooks,
         out: VecDeque::new(),
         failed: false,
-        idle,
+        limits,
         tail: Some(Tail { record, plugins }),
     };
     let frames = futures_util::stream::unfold(relay, |mut relay| async move {
@@ -183,9 +192,10 @@ struct Relay {
     /// The stream was cut short by a failure, not ended by the upstream or
     /// a plugin.
     failed: bool,
-    /// How long the upstream may send nothing before the exchange is cut:
-    /// a stalled upstream must not hold plugin instances for good.
-    idle: Duration,
+    /// How long the upstream may send nothing (or take in all) before the
+    /// exchange is cut: a stalled upstream must not hold plugin instances
+    /// for good.
+    limits: BodyLimits,
 }
 
 struct Tail {
@@ -215,12 +225,18 @@ impl Relay {
                 self.finish(!self.failed).await;
                 return None;
             };
-            let Ok(frame) = tokio::time::timeout(self.idle, upstream.frame()).await else {
-                self.upstream = None;
-                self.failed = true;
-                self.finish(false).await;
-                let error = format!("the upstream sent nothing for {} s", self.idle.as_secs());
-                return Some(Err(error.into()));
+            let idle = Instant::now() + self.limits.idle;
+            let wait = self.limits.deadline.map_or(idle, |deadline| deadline.min(idle));
+            let Ok(frame) = tokio::time::timeout_at(wait.into(), upstream.frame()).await else {
+                let error = if self.limits.deadline.is_some_and(|deadline| deadline <= idle) {
+                    "the upstream's response took longer than the backend's total timeout".to_string()
+                } else {
+                    format!("the upstream sent nothing for {} s", self.limits.idle.as_secs_f64())
+                };
+                if let Some(frame) = self.cut_short(error).await {
+                    return Some(frame);
+                }
+                continue;
             };
             match frame {
                 None => {
@@ -228,10 +244,9 @@ impl Relay {
                     self.end_of_upstream().await;
                 }
                 Some(Err(error)) => {
-                    self.upstream = None;
-                    self.failed = true;
-                    self.finish(false).await;
-                    return Some(Err(error));
+                    if let Some(frame) = self.cut_short(error.to_string()).await {
+                        return Some(frame);
+                    }
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(bytes) => {
@@ -246,6 +261,29 @@ impl Relay {
                 },
             }
         }
+    }
+
+    /// The upstream failed mid-body. An event stream ends with an error
+    /// event, as OpenAI reports errors mid-stream (its head is sent: it can
+    /// be neither retried nor turned into an error response); any other
+    /// body ends with an error, which cuts the connection so the client
+    /// cannot take a short body for a whole one.
+    async fn cut_short(&mut self, message: String) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.upstream = None;
+        self.failed = true;
+        tracing::warn!(error = %message, "the upstream's response was cut short");
+        if let Some(splitter) = &self.splitter {
+            // Bytes of an unfinished event reached the client already:
+            // end that event first, so the error is an event of its own.
+            if !self.chunk_hooks && splitter.buffered() > 0 {
+                self.out.push_back(Bytes::from_static(b"\n\n"));
+            }
+            let error = ApiError::upstream_unavailable(message);
+            self.out.push_back(Bytes::from(data_event(&String::from_utf8_lossy(&error.to_json()))));
+            return None;
+        }
+        self.finish(false).await;
+        Some(Err(message.into()))
     }
 
     /// Takes one frame of the upstream's body.
@@ -450,25 +488,41 @@ fn reported_in(json: &[u8]) -> Reported {
         // Any value, kept if it is a string.
         #[serde(default)]
         model: Option<Checked<true>>,
+        /// The Responses API's stream events carry the response inside.
+        #[serde(default)]
+        response: Option<Inner>,
     }
     #[derive(serde::Deserialize)]
+    struct Inner {
+        usage: Option<serde_json::Map<String, serde_json::Value>>,
+        #[serde(default)]
+        model: Option<Checked<true>>,
+    }
+    /// Chat and completions name them `prompt_tokens` and
+    /// `completion_tokens`; the Responses API `input_tokens` and
+    /// `output_tokens`.
+    #[derive(serde::Deserialize)]
     struct Counts {
-        #[serde(default)]
+        #[serde(default, alias = "input_tokens")]
         prompt_tokens: u32,
-        #[serde(default)]
+        #[serde(default, alias = "output_tokens")]
         completion_tokens: u32,
         #[serde(default)]
         total_tokens: u32,
     }
     let Ok(raw) = serde_json::from_slice::<Raw>(json) else { return Reported::default() };
-    let counts = raw.usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage)).ok());
+    let (usage, model) = match raw.response {
+        Some(inner) if raw.usage.is_none() => (inner.usage, inner.model.or(raw.model)),
+        _ => (raw.usage, raw.model),
+    };
+    let counts = usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage)).ok());
     let usage = counts.map(|counts| Usage {
         prompt_tokens: counts.prompt_tokens,
         completion_tokens: counts.completion_tokens,
         // Saturating: a hostile upstream's counts must not overflow.
         total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
     });
-    Reported { usage, model: raw.model.and_then(|model| model.0) }
+    Reported { usage, model: model.and_then(|model| model.0) }
 }
 
 /// The `usage` object of an OpenAI response or final stream chunk.
@@ -489,6 +543,14 @@ mod tests {
         let usage = usage_in(br#"{"usage":{"prompt_tokens":3,"total_tokens":3}}"#).unwrap();
         assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 0));
         assert!(usage_in(br#"{"choices":[],"usage":null}"#).is_none());
+        // The Responses API, whole and as its stream's last event.
+        let usage = usage_in(br#"{"object":"response","usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}"#);
+        assert_eq!(usage.map(|u| (u.prompt_tokens, u.completion_tokens, u.total_tokens)), Some((5, 2, 7)));
+        let event =
+            br#"{"type":"response.completed","response":{"model":"m","usage":{"input_tokens":3,"output_tokens":1}}}"#;
+        let reported = reported_in(event);
+        assert_eq!(reported.model.as_deref(), Some("m"));
+        assert_eq!(reported.usage.map(|u| u.total_tokens), Some(4));
         assert!(usage_in(b"[DONE]").is_none());
     }
 

@@ -3,19 +3,22 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::HeaderValue;
+use http::header::{self, HeaderName};
 use serde::Serialize;
 use sluice_core::{
-    ApiError, ApiKeySource, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl, PluginSource, Redactions,
-    RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
+    ApiError, ApiKeySource, BackendTimeouts, Condition, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl,
+    PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
 use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
+
+use crate::balance::{Balancer, Budget, Health, now_ms};
+use crate::upstream::UpstreamClient;
 
 #[derive(Default)]
 pub struct Snapshot {
@@ -40,7 +43,8 @@ pub struct Route {
     pub label: Label,
     pub chain: Vec<Arc<LoadedPlugin>>,
     pub backends: Vec<Backend>,
-    next_backend: AtomicUsize,
+    pub(crate) balancer: Balancer,
+    pub(crate) budget: Budget,
 }
 
 pub struct Backend {
@@ -48,8 +52,15 @@ pub struct Backend {
     /// The URL, as metrics and logs name the backend.
     pub label: Label,
     pub model: Option<String>,
-    /// The `Authorization` value to send, already resolved.
-    pub authorization: Option<HeaderValue>,
+    pub provider: Provider,
+    /// The header carrying the API key (`Authorization: Bearer …`, or
+    /// Anthropic's `x-api-key`), already resolved.
+    pub credential: Option<(HeaderName, HeaderValue)>,
+    pub timeouts: BackendTimeouts,
+    /// A client of its own, for its TLS settings or connect timeout; else
+    /// the gateway's shared one.
+    pub client: Option<UpstreamClient>,
+    pub health: Arc<Health>,
 }
 
 impl Snapshot {
@@ -118,11 +129,16 @@ impl Route {
         self.chain.iter().take_while(|p| p.decl.phase == Phase::Auth).map(|p| &p.decl.key).collect()
     }
 
-    /// Backends in the order to try them: round-robin over requests, the
-    /// rest in turn as fallbacks.
-    pub fn backends_in_order(&self) -> impl Iterator<Item = &Backend> {
-        let start = self.next_backend.fetch_add(1, Ordering::Relaxed) % self.backends.len().max(1);
-        self.backends.iter().cycle().skip(start).take(self.backends.len())
+    /// Whether the route's retry policy or a fallback names `condition`.
+    pub fn wants(&self, condition: Condition) -> bool {
+        self.decl.retry.on.contains(condition) || self.decl.fallbacks.iter().any(|f| f.on.contains(condition))
+    }
+
+    /// The backends to try for one request, best first (see
+    /// [`Balancer::plan`]).
+    pub fn plan(&self) -> Vec<usize> {
+        let now = now_ms();
+        self.balancer.plan(|i| self.backends[i].health.ejected_for(now).is_some())
     }
 }
 
@@ -269,7 +285,7 @@ fn build_routes(
             report.routes.insert(decl.key.clone(), LoadState::failed(reason::MODEL_CONFLICT, &conflict.message, None));
             continue;
         }
-        let message = match build_route(decl, plugins) {
+        let message = match build_route(decl, plugins, previous_routes.get(&decl.key).map(|r| &***r)) {
             Ok(route) => {
                 report.routes.insert(decl.key.clone(), LoadState::ready(None));
                 routes.push(Built { route: Arc::new(route), last_good: false });
@@ -410,7 +426,11 @@ async fn pull(
     }
 }
 
-fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>) -> Result<Route, String> {
+fn build_route(
+    decl: &RouteDecl,
+    plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    previous: Option<&Route>,
+) -> Result<Route, String> {
     let mut chain: Vec<Arc<LoadedPlugin>> = decl
         .plugins
         .iter()
@@ -422,23 +442,65 @@ fn build_route(decl: &RouteDecl, plugins: &HashMap<ResourceKey, Arc<LoadedPlugin
         .backends
         .iter()
         .map(|b| {
-            let authorization = b.api_key.as_ref().map(resolve_api_key).transpose()?;
-            Ok(Backend { url: b.url.clone(), label: url_label(&b.url), model: b.model.clone(), authorization })
+            let key = b.api_key.as_ref().map(resolve_api_key).transpose()?;
+            let credential = key.map(|key| match b.provider {
+                Provider::OpenAi => bearer(&key).map(|value| (header::AUTHORIZATION, value)),
+                Provider::Anthropic => sensitive(&key).map(|value| (HeaderName::from_static("x-api-key"), value)),
+            });
+            // What the route learned of a backend, and its pooled
+            // connections, outlive a config change.
+            let old = previous
+                .and_then(|route| route.backends.iter().zip(&route.decl.backends).find(|(old, _)| old.url == b.url));
+            let health = old.map_or_else(Arc::default, |(old, _)| old.health.clone());
+            let client = match (&b.tls, b.timeouts.connect) {
+                (None, None) => None,
+                // The same settings: the same client. A PEM file rewritten
+                // in place is read when the backend's TLS settings change,
+                // or at restart.
+                _ if let Some((old, decl)) = old
+                    && decl.tls == b.tls
+                    && decl.timeouts.connect == b.timeouts.connect =>
+                {
+                    old.client.clone()
+                }
+                (tls, connect) => Some(
+                    UpstreamClient::for_backend(connect, tls.as_ref())
+                        .map_err(|e| format!("backend {}: {e}", url_label(&b.url)))?,
+                ),
+            };
+            Ok(Backend {
+                url: b.url.clone(),
+                label: url_label(&b.url),
+                model: b.model.clone(),
+                provider: b.provider,
+                credential: credential.transpose()?,
+                timeouts: b.timeouts.clone(),
+                client,
+                health,
+            })
         })
         .collect::<Result<_, String>>()?;
     let label = decl.key.to_string().into();
-    Ok(Route { decl: decl.clone(), label, chain, backends, next_backend: AtomicUsize::new(0) })
+    let balancer = Balancer::new(&decl.backends.iter().map(|b| (b.priority, b.weight)).collect::<Vec<_>>());
+    Ok(Route { decl: decl.clone(), label, chain, backends, balancer, budget: Budget::default() })
 }
 
-fn resolve_api_key(source: &ApiKeySource) -> Result<HeaderValue, String> {
-    let key = match source {
+fn resolve_api_key(source: &ApiKeySource) -> Result<String, String> {
+    Ok(match source {
         ApiKeySource::Env(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))?,
         ApiKeySource::File(path) => {
             std::fs::read_to_string(path).map_err(|e| format!("reading API key file {}: {e}", path.display()))?
         }
         ApiKeySource::Value(secret) => secret.expose().to_string(),
-    };
-    let mut value = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+    })
+}
+
+fn bearer(key: &str) -> Result<HeaderValue, String> {
+    sensitive(&format!("Bearer {}", key.trim()))
+}
+
+fn sensitive(value: &str) -> Result<HeaderValue, String> {
+    let mut value = HeaderValue::from_str(value.trim())
         .map_err(|_| "the API key holds characters not allowed in a header".to_string())?;
     value.set_sensitive(true);
     Ok(value)
@@ -486,11 +548,9 @@ mod tests {
 
     fn route(name: &str, models: &[&str], plugins: &[&str]) -> RouteDecl {
         RouteDecl {
-            key: ResourceKey::new("default", name),
-            models: models.iter().map(|m| m.to_string()).collect(),
-            backends: vec![BackendDecl { url: "http://127.0.0.1:1/v1".into(), model: None, api_key: None }],
+            backends: vec![BackendDecl::new("http://127.0.0.1:1/v1")],
             plugins: plugins.iter().map(|p| ResourceKey::new("default", *p)).collect(),
-            timeout: RouteDecl::DEFAULT_TIMEOUT,
+            ..RouteDecl::new(ResourceKey::new("default", name), models.iter().map(|m| m.to_string()).collect())
         }
     }
 

@@ -57,6 +57,31 @@ pub struct UpstreamLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub route: Label,
+    /// The backend whose attempt failed.
+    pub backend: Label,
+    /// The failure: `RateLimited`, `Timeout`, …
+    pub condition: &'static str,
+    /// `retried`, or why not: `budget_exhausted`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub route: Label,
+    pub backend: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    pub route: Label,
+    /// The model the request moved to: one the config names.
+    pub fallback_model: Label,
+    pub condition: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GenAiLabels {
     pub gen_ai_operation_name: &'static str,
     pub gen_ai_provider_name: &'static str,
@@ -203,6 +228,10 @@ pub struct Metrics {
     pub gen_ai_time_to_first_token: Histograms<GenAiLabels>,
     pub gen_ai_token_usage: Histograms<TokenUsageLabels>,
     pub tokens: Family<TokenLabels, Counter>,
+    pub upstream_retries: Family<RetryLabels, Counter>,
+    pub backend_ejections: Family<BackendLabels, Counter>,
+    pub backend_ejected: Family<BackendLabels, Gauge>,
+    pub fallbacks: Family<FallbackLabels, Counter>,
     pub plugin_invocations: Family<PluginOutcomeLabels, Counter>,
     pub plugin_duration: Histograms<PluginHookLabels>,
     pub plugin_skipped: Family<PluginHookLabels, Counter>,
@@ -235,6 +264,10 @@ impl Metrics {
             gen_ai_time_to_first_token: histograms(FIRST_TOKEN_SECONDS),
             gen_ai_token_usage: histograms(TOKENS),
             tokens: Family::default(),
+            upstream_retries: Family::default(),
+            backend_ejections: Family::default(),
+            backend_ejected: Family::default(),
+            fallbacks: Family::default(),
             plugin_invocations: Family::default(),
             plugin_duration: histograms(PLUGIN_SECONDS),
             plugin_skipped: Family::default(),
@@ -297,6 +330,26 @@ impl Metrics {
             "sluice_tokens",
             "Tokens used, by route, model and consumer (the identity the auth phase gave)",
             self.tokens.clone(),
+        );
+        r.register(
+            "sluice_upstream_retries",
+            "Failed upstream attempts a retry policy covered: retried, or not for want of retry budget",
+            self.upstream_retries.clone(),
+        );
+        r.register(
+            "sluice_backend_ejections",
+            "Times a backend was taken out of rotation: by outlier detection, or for a retry-after",
+            self.backend_ejections.clone(),
+        );
+        r.register(
+            "sluice_backend_ejected",
+            "Whether a backend is out of rotation now (1) or not (0)",
+            self.backend_ejected.clone(),
+        );
+        r.register(
+            "sluice_fallbacks",
+            "Requests moved to a fallback model, by route, fallback model and the failure that moved them",
+            self.fallbacks.clone(),
         );
         r.register(
             "sluice_plugin_invocations",

@@ -319,7 +319,8 @@ pub const PROVIDER: &str = "openai";
 /// The GenAI operation of a forwarded endpoint.
 pub fn operation_of(path: &str) -> Option<&'static str> {
     match path {
-        "/v1/chat/completions" => Some("chat"),
+        // The Responses API is a chat too, as the GenAI conventions see it.
+        "/v1/chat/completions" | "/v1/responses" => Some("chat"),
         "/v1/completions" => Some("text_completion"),
         "/v1/embeddings" => Some("embeddings"),
         _ => None,

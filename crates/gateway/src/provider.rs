@@ -1,0 +1,202 @@
+//! Backends that speak another API than OpenAI's: the request translated on
+//! the way out, the response (whole, streamed or an error) on the way back,
+//! so that plugins and clients only ever see OpenAI's shapes.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use sluice_core::ApiError;
+use sluice_providers::anthropic;
+
+use crate::body::{Body, BoxError, collect_limited, full};
+use crate::gateway::Gateway;
+use crate::sse::{EventSplitter, data_event, data_of};
+
+/// The largest error body read from a backend to translate it.
+const MAX_ERROR_BYTES: usize = 1 << 20;
+
+/// The longest server-sent event held while waiting for its end.
+const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// An OpenAI request for an Anthropic backend: its body, whether the
+/// response will stream, and whether the client asked for usage in it.
+pub(crate) fn anthropic_request(
+    path: &str,
+    body: &Bytes,
+    model: Option<&str>,
+) -> Result<(Bytes, bool, bool), ApiError> {
+    if path != "/chat/completions" {
+        return Err(ApiError::invalid_request(
+            "unsupported_endpoint",
+            format!("`/v1{path}` is not served by this route's Anthropic backend: use /v1/chat/completions"),
+        ));
+    }
+    match anthropic::chat_request(body, model) {
+        Ok(request) => Ok((Bytes::from(request.body), request.stream, request.include_usage)),
+        Err(error) if error.is_client_error() => Err(ApiError::invalid_request("invalid_request", error.to_string())),
+        Err(error) => Err(ApiError::internal(error.to_string())),
+    }
+}
+
+/// The headers Anthropic's API wants. The client's `Authorization` (its
+/// credential for the gateway) is not Anthropic's to see; the backend's key
+/// goes in `x-api-key`.
+pub(crate) fn anthropic_headers(headers: &mut HeaderMap) {
+    headers.remove(header::AUTHORIZATION);
+    if !headers.contains_key("anthropic-version") {
+        headers.insert("anthropic-version", HeaderValue::from_static(anthropic::API_VERSION));
+    }
+    // The body is translated: it must arrive as text.
+    headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+}
+
+/// An Anthropic response as OpenAI's, with the OpenAI error code if it is
+/// an error. `stream`: the request streams, and whether the client asked
+/// for usage in the stream.
+pub(crate) async fn anthropic_response(
+    response: http::Response<Body>,
+    stream: Option<bool>,
+    gateway: &Gateway,
+    idle: Duration,
+) -> Result<(http::Response<Body>, Option<String>), ApiError> {
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let event_stream = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    if parts.status.is_success()
+        && let Some(include_usage) = stream
+        && event_stream
+    {
+        return Ok((http::Response::from_parts(parts, translate_stream(body, include_usage)), None));
+    }
+    let limit = if parts.status.is_success() { gateway.settings.max_body_bytes } else { MAX_ERROR_BYTES };
+    let bytes = collect_limited(body, limit, idle).await.map_err(|error| {
+        ApiError::upstream_unavailable(format!("reading the Anthropic backend's response: {error}"))
+    })?;
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if !parts.status.is_success() {
+        let translated = anthropic::error_response(parts.status.as_u16(), &bytes);
+        let code = error_code(&translated);
+        return Ok((http::Response::from_parts(parts, full(translated)), code));
+    }
+    let translated = anthropic::chat_response(&bytes)
+        .map_err(|error| ApiError::upstream_unavailable(format!("the Anthropic backend's response: {error}")))?;
+    Ok((http::Response::from_parts(parts, full(translated)), None))
+}
+
+/// The `code` of an OpenAI-shaped error body.
+pub(crate) fn error_code(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        error: Inner,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        code: Option<String>,
+    }
+    serde_json::from_slice::<Envelope>(body).ok()?.error.code
+}
+
+/// Anthropic's events, as OpenAI's chunks, as they arrive.
+fn translate_stream(upstream: Body, include_usage: bool) -> Body {
+    let state = Translating {
+        upstream: Some(upstream),
+        splitter: EventSplitter::default(),
+        translator: anthropic::StreamTranslator::new(include_usage),
+        out: VecDeque::new(),
+    };
+    let frames = futures_util::stream::unfold(state, |mut state| async move {
+        let frame = state.next_frame().await?;
+        Some((frame, state))
+    });
+    StreamBody::new(frames.boxed()).boxed_unsync()
+}
+
+struct Translating {
+    upstream: Option<Body>,
+    splitter: EventSplitter,
+    translator: anthropic::StreamTranslator,
+    out: VecDeque<Bytes>,
+}
+
+impl Translating {
+    async fn next_frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        loop {
+            if let Some(bytes) = self.out.pop_front() {
+                return Some(Ok(Frame::data(bytes)));
+            }
+            let upstream = self.upstream.as_mut()?;
+            match upstream.frame().await {
+                None => {
+                    self.upstream = None;
+                    if let Some(event) = self.splitter.remainder() {
+                        self.event(&event);
+                    }
+                    self.emit(|t| t.finish());
+                }
+                // The relay turns it into an error event for the client.
+                Some(Err(error)) => {
+                    self.upstream = None;
+                    return Some(Err(error));
+                }
+                Some(Ok(frame)) => {
+                    let Ok(bytes) = frame.into_data() else { continue };
+                    self.splitter.push(&bytes);
+                    if self.splitter.buffered() > MAX_EVENT_BYTES {
+                        self.upstream = None;
+                        return Some(Err("the Anthropic backend sent an event longer than 4 MiB".into()));
+                    }
+                    while let Some(event) = self.splitter.next_event() {
+                        self.event(&event);
+                    }
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, event: &[u8]) {
+        let Some(data) = data_of(event) else { return };
+        let name = event_name(event);
+        self.emit(|t| t.event(name.as_deref(), &data));
+    }
+
+    fn emit(&mut self, produce: impl FnOnce(&mut anthropic::StreamTranslator) -> Vec<String>) {
+        for data in produce(&mut self.translator) {
+            self.out.push_back(Bytes::from(data_event(&data)));
+        }
+    }
+}
+
+/// The event's `event:` field.
+fn event_name(event: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(event).ok()?;
+    text.lines().find_map(|line| line.strip_prefix("event:")).map(|name| name.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_are_read_from_openai_error_bodies() {
+        let body =
+            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        assert_eq!(error_code(body).as_deref(), Some("context_length_exceeded"));
+        assert_eq!(error_code(br#"{"error":{"message":"x","code":null}}"#), None);
+        assert_eq!(error_code(b"not json"), None);
+    }
+
+    #[test]
+    fn event_names_are_read() {
+        assert_eq!(event_name(b"event: message_start\ndata: {}\n\n").as_deref(), Some("message_start"));
+        assert_eq!(event_name(b"data: {}\n\n"), None);
+    }
+}
