@@ -439,8 +439,33 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
     assert!(!ok && stderr.contains("apiKeyFile must be an absolute path"), "{stderr}");
     assert!(!cluster.kubectl_result(&["get", "gp", "bad", "-n", &ns]).await.0, "nothing was stored");
 
+    // The routing fields: enums, ranges and pairings checked on apply.
+    for (extra, expected) in [
+        ("weight: 0\n", "spec.backends[0].weight"),
+        ("provider: bedrock\n", "spec.backends[0].provider"),
+        ("priority: 101\n", "spec.backends[0].priority"),
+    ] {
+        let route = route_yaml(&ns, "bad", "m", "http://127.0.0.1:1/v1", &[], extra);
+        let (ok, _, stderr) = cluster_apply_result(cluster, &route).await;
+        assert!(!ok && stderr.contains(expected), "{extra}: {stderr}");
+    }
     let explained = cluster.kubectl_ok(&["explain", "gatewayplugin.spec.configFrom"]).await;
     assert!(explained.contains("JSON Pointer"), "{explained}");
+    // The routing fields are documented where operators look.
+    for (field, expected) in [
+        ("aimodelroute.spec.retry.on", "ConnectFailure"),
+        // Single words: kubectl wraps descriptions.
+        ("aimodelroute.spec.retry.budget.percent", "percentage"),
+        ("aimodelroute.spec.fallbacks", "namespace"),
+        ("aimodelroute.spec.outlierDetection.consecutiveFailures", "ejection"),
+        ("aimodelroute.spec.backends.priority", "preferred"),
+        ("aimodelroute.spec.backends.tls.serverName", "SNI"),
+        ("aimodelroute.spec.backends.timeouts.firstByteMs", "head"),
+        ("aimodelroute.spec.backends.provider", "anthropic"),
+    ] {
+        let explained = cluster.kubectl_ok(&["explain", field]).await;
+        assert!(explained.contains(expected), "kubectl explain {field}: {explained}");
+    }
 }
 
 async fn cluster_apply_result(cluster: &KubeCluster, yaml: &str) -> (bool, String, String) {

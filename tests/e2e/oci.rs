@@ -6,7 +6,7 @@
 //! (`$SLUICE_TOOLS_VENV`, else `target/tools/venv`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Instant;
 
@@ -113,20 +113,6 @@ fn field(stdout: &str, key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key:?} line in:\n{stdout}"))
 }
 
-/// The venv's python with `oras` installed.
-fn oras_python() -> PathBuf {
-    let venv = std::env::var_os("SLUICE_TOOLS_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/venv"));
-    let python = venv.join("bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: create it with `python3 -m venv target/tools/venv && target/tools/venv/bin/pip install oras==0.2.43`",
-        python.display()
-    );
-    python
-}
-
 /// Operations done with the oras Python SDK: the other, independent client.
 const ORAS_SCRIPT: &str = r#"
 import hashlib, json, sys
@@ -182,8 +168,12 @@ else:
 
 /// Runs one oras operation; returns its JSON output, if any.
 fn oras(spec: Value) -> Value {
-    let output =
-        Command::new(oras_python()).arg("-c").arg(ORAS_SCRIPT).arg(spec.to_string()).output().expect("running python");
+    let output = Command::new(sluice_tests::tools_python())
+        .arg("-c")
+        .arg(ORAS_SCRIPT)
+        .arg(spec.to_string())
+        .output()
+        .expect("running python");
     assert!(output.status.success(), "oras {spec}: {}\n{}", text(&output.stderr), text(&output.stdout));
     let stdout = text(&output.stdout);
     if stdout.trim().is_empty() { Value::Null } else { serde_json::from_str(stdout.trim()).expect("oras printed JSON") }
@@ -214,7 +204,13 @@ fn image_layer(dir: &Path, module: &[u8]) -> String {
     let extra = write(dir, "runtime-config.json", b"{\"type\":\"HttpFilter\"}");
     let layer = dir.join("layer.tar.gz");
     let script = "import sys, tarfile\nwith tarfile.open(sys.argv[1], 'w:gz') as t:\n    t.add(sys.argv[3], arcname='runtime-config.json')\n    t.add(sys.argv[2], arcname='plugin.wasm')\n";
-    let status = Command::new(oras_python()).args(["-c", script]).arg(&layer).arg(&wasm).arg(&extra).status().unwrap();
+    let status = Command::new(sluice_tests::tools_python())
+        .args(["-c", script])
+        .arg(&layer)
+        .arg(&wasm)
+        .arg(&extra)
+        .status()
+        .unwrap();
     assert!(status.success());
     layer.to_str().unwrap().to_string()
 }
@@ -801,8 +797,12 @@ async fn decompression_bombs_in_an_image_layer_are_refused() {
     let mut accepted = Vec::new();
     for (kind, media_type, what) in cases {
         let layer = scratch.path().join(format!("{kind}.tar"));
-        let status =
-            Command::new(oras_python()).args(["-c", TAR_BOMB_SCRIPT, kind]).arg(&layer).arg(&wasm).status().unwrap();
+        let status = Command::new(sluice_tests::tools_python())
+            .args(["-c", TAR_BOMB_SCRIPT, kind])
+            .arg(&layer)
+            .arg(&wasm)
+            .status()
+            .unwrap();
         assert!(status.success(), "building the {kind} layer");
         let size = std::fs::metadata(&layer).unwrap().len();
         assert!(size < 16 << 20, "{kind}: the layer itself is small ({size} bytes)");

@@ -12,6 +12,7 @@ mod kube;
 mod otelcol;
 mod prometheus;
 mod registry;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,6 +25,8 @@ pub use kube::KubeCluster;
 pub use otelcol::{Collector, MetricPoint, Span};
 pub use prometheus::{Prometheus, Sample};
 pub use registry::Registry;
+pub use sluice_echo::{EchoOptions, Script, Step};
+pub use tls::{Handshake, Issued, TestCa, TlsOptions, TlsUpstream};
 
 const BUILD_HINT: &str = "run `cargo xtask test` (it builds target/debug/sluice and plugins/dist)";
 
@@ -115,4 +118,51 @@ pub(crate) fn user_cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").expect("HOME or XDG_CACHE_HOME is set")).join(".cache")
     })
+}
+
+/// The tools venv's python (`$SLUICE_TOOLS_VENV`, else target/tools/venv),
+/// with the pinned tools `cargo xtask test` installs: `oras`, and the
+/// official `openai` and `anthropic` SDKs.
+pub fn tools_python() -> PathBuf {
+    let venv = std::env::var_os("SLUICE_TOOLS_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/venv"));
+    let python = venv.join("bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run `cargo xtask test`, or create it with `python3 -m venv target/tools/venv` and pip \
+         install the versions in PYTHON_TOOLS (crates/xtask/src/toolchain.rs)",
+        python.display()
+    );
+    python
+}
+
+/// Runs `script` with the tools venv's python and `args`, straight to
+/// loopback whatever proxy the machine has, within `timeout`; fails unless
+/// it succeeds and prints `ok CHECK` for each of `checks`. Returns its
+/// stdout.
+pub async fn run_sdk_script(
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    checks: &[&str],
+    timeout: Duration,
+) -> String {
+    let mut command = tokio::process::Command::new(tools_python());
+    command.arg("-c").arg(script).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    for proxy in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+        command.env_remove(proxy);
+    }
+    command.env("NO_PROXY", "*").envs(env.iter().copied()).kill_on_drop(true);
+    let output = tokio::time::timeout(timeout, command.output())
+        .await
+        .expect("the SDK script finished in time")
+        .expect("running the venv's python");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let report = format!("--- stdout ---\n{stdout}--- stderr ---\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the SDK script failed ({}):\n{report}", output.status);
+    for check in checks {
+        assert!(stdout.lines().any(|line| line == format!("ok {check}")), "no `ok {check}`:\n{report}");
+    }
+    stdout
 }
