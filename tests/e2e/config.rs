@@ -101,8 +101,13 @@ async fn admin_config_describes_what_is_served() {
         json!([{
             "name": "default/chat",
             "models": ["gpt-test", "gpt-test-mini"],
-            "backends": [{"url": echo.url(), "model": "upstream-model", "apiKey": false}],
+            "backends": [{
+                "url": echo.url(), "model": "upstream-model", "apiKey": false,
+                "provider": "openai", "weight": 1, "priority": 0,
+                "health": {"ejectedForMs": null, "consecutiveFailures": 0, "ejections": 0},
+            }],
             "plugins": ["default/add-header", "default/deny"],
+            "fallbacks": [],
         }])
     );
 

@@ -292,3 +292,42 @@ async fn a_stream_is_not_retried_after_its_first_byte() {
     assert_eq!(broken.script().requests(), 1);
     assert_eq!(healthy.script().requests(), 0, "never restarted elsewhere");
 }
+
+/// A backend's own deadlines: no head within `firstByteMs` is a 504 (and a
+/// Timeout the policy may retry); a stream that pauses longer than `idleMs`,
+/// or runs past `totalMs`, ends with an error event instead of hanging on.
+#[tokio::test]
+async fn per_backend_timeouts() {
+    let echo = Echo::start().await;
+    let backends = [format!("{{url: '{}', timeouts: {{firstByteMs: 300, idleMs: 400, totalMs: 1500}}}}", echo.url())];
+    let gateway = start(&route(&backends, "")).await;
+
+    echo.script().push(Step::Hang, 1);
+    let started = Instant::now();
+    let reply = gateway.chat("m", &[]).await;
+    reply.assert_error(504, "upstream_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "waited {:?}, not the 300 ms first-byte timeout",
+        started.elapsed()
+    );
+
+    let mut body = chat_body("m");
+    body["stream"] = true.into();
+    let url = gateway.url("/v1/chat/completions");
+    for (what, headers) in [
+        ("a pause longer than idleMs", [("x-echo-chunks", "4"), ("x-echo-chunk-delay-ms", "1000")]),
+        ("a stream longer than totalMs", [("x-echo-chunks", "20"), ("x-echo-chunk-delay-ms", "200")]),
+    ] {
+        let started = Instant::now();
+        let streamed = gateway.client().post_streaming(&url, body.to_string(), &headers).await;
+        let events: Vec<String> = streamed.events().into_iter().map(|(_, data)| data).collect();
+        let last: Value = events.last().and_then(|e| serde_json::from_str(e).ok()).unwrap_or_default();
+        assert!(last["error"]["message"].is_string(), "{what}: ends with an error event: {events:?}");
+        assert!(!events.iter().any(|e| e == "[DONE]"), "{what}: {events:?}");
+        assert!(started.elapsed() < Duration::from_secs(3), "{what}: cut after {:?}", started.elapsed());
+    }
+    // Within its deadlines, a stream runs to its end.
+    let streamed = gateway.client().post_streaming(&url, body.to_string(), &[("x-echo-chunk-delay-ms", "100")]).await;
+    assert!(streamed.events().iter().any(|(_, data)| data == "[DONE]"));
+}
