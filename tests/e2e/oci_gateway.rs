@@ -196,11 +196,16 @@ async fn a_dead_registry_does_not_disturb_traffic_and_a_restart_serves_from_the_
         assert!(probe_served(&gateway).await, "a request failed while the registry was down");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(gateway.log().matches("config applied").count() > resyncs, "the tag was re-resolved meanwhile");
+    assert!(
+        gateway.log().matches("config applied").count() > resyncs,
+        "the tag was re-resolved meanwhile: {}",
+        gateway.log()
+    );
     drop(gateway);
 
     // A restart with the registry still down serves the cached module.
     let gateway = Gateway::start_with(&dir, options).await;
     assert!(probe_served(&gateway).await, "served from the cache alone");
-    assert!(gateway.log().contains("serving the cached module"), "{}", gateway.log());
+    // Log lines reach the file in batches (every 50 ms): wait for it.
+    assert!(gateway.wait_for_log("serving the cached module").await, "{}", gateway.log());
 }
