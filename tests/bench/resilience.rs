@@ -62,7 +62,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "A hangs, retry on Timeout (200 ms per try)",
-            spec: "  retry: {attempts: 2, on: [Timeout], perTryTimeoutMs: 200}\n",
+            spec: "  retry: {attempts: 2, retryOn: [Timeout], perTryTimeoutMs: 200}\n",
             first: Some(Step::Hang),
             first_refuses: false,
             headers: &[],

@@ -53,7 +53,7 @@ fn closed_port() -> u16 {
 }
 
 /// For each condition, a first backend failing that way and a healthy
-/// second one: named in `retry.on`, the request is served by the second;
+/// second one: named in `retry.retryOn`, the request is served by the second;
 /// not named, the client gets the failure and the second backend never sees
 /// the request, so a request the first may have acted on is not sent twice.
 #[tokio::test]
@@ -81,7 +81,7 @@ async fn each_retry_condition_is_retried_only_when_the_policy_names_it() {
             let other = if condition == "Reset" { "Timeout" } else { "Reset" };
             let on = if named { condition } else { other };
             let policy = format!(
-                "  retry: {{attempts: 2, on: [{on}], perTryTimeoutMs: 500, backoff: {{baseMs: 1, maxMs: 1}}}}\n"
+                "  retry: {{attempts: 2, retryOn: [{on}], perTryTimeoutMs: 500, backoff: {{baseMs: 1, maxMs: 1}}}}\n"
             );
             let gateway = start(&route(&backends, &policy)).await;
             let reply = gateway.chat("m", &[]).await;
@@ -234,7 +234,7 @@ async fn context_length_exceeded_falls_back_to_a_larger_model() {
         trim.yaml(),
         format!(
             "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata: {{name: small}}\nspec:\n  models: [small]\n  \
-             backends: [{}]\n  fallbacks: [{{model: large, on: [ContextLengthExceeded]}}]\n",
+             backends: [{}]\n  fallbacks: [{{model: large, when: [ContextLengthExceeded]}}]\n",
             backend(&small)
         ),
         format!(
@@ -278,7 +278,7 @@ async fn a_stream_is_not_retried_after_its_first_byte() {
     script.always(Some(Step::ResetAfterChunks(2)));
     let backends =
         [format!("{{url: '{}', priority: 0}}", broken.url()), format!("{{url: '{}', priority: 1}}", healthy.url())];
-    let extra = "  retry: {attempts: 3, on: [Reset, ServerError, ConnectFailure]}\n";
+    let extra = "  retry: {attempts: 3, retryOn: [Reset, ServerError, ConnectFailure]}\n";
     let gateway = start(&route(&backends, extra)).await;
     let mut body = chat_body("m");
     body["stream"] = true.into();

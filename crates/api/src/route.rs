@@ -120,7 +120,9 @@ pub struct RetrySpec {
     /// streaming to the client is never retried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 7))]
-    pub on: Vec<ConditionSpec>,
+    // Not `on`: YAML 1.1 parsers (kubectl's among them) read that key as
+    // `true`. Istio's name for the same list.
+    pub retry_on: Vec<ConditionSpec>,
     /// Deadline for each attempt's response head, in milliseconds, when
     /// shorter than the backend's first-byte timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,7 +194,7 @@ pub struct FallbackSpec {
     /// Reset and Timeout).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 7))]
-    pub on: Vec<ConditionSpec>,
+    pub when: Vec<ConditionSpec>,
 }
 
 /// The API a backend speaks.
@@ -380,10 +382,10 @@ impl AIModelRoute {
             if spec.models.contains(&fallback.model) {
                 return Err(format!("fallback model `{}` is one of this route's own models", fallback.model));
             }
-            let on = if fallback.on.is_empty() {
+            let on = if fallback.when.is_empty() {
                 Condition::ALL.into_iter().filter(|c| !matches!(c, Condition::Reset | Condition::Timeout)).collect()
             } else {
-                conditions(&fallback.on)
+                conditions(&fallback.when)
             };
             route.fallbacks.push(Fallback { model: fallback.model.clone(), on });
         }
@@ -410,7 +412,7 @@ fn retry_policy(spec: &RetrySpec, backends: usize) -> Result<RetryPolicy, String
     let budget = spec.budget.clone().unwrap_or_default();
     Ok(RetryPolicy {
         attempts: Some(spec.attempts.unwrap_or(backends.max(2) as u32).clamp(1, RetryPolicy::MAX_ATTEMPTS)),
-        on: if spec.on.is_empty() { RetryPolicy::default_conditions() } else { conditions(&spec.on) },
+        on: if spec.retry_on.is_empty() { RetryPolicy::default_conditions() } else { conditions(&spec.retry_on) },
         per_try_timeout: spec.per_try_timeout_ms.map(|ms| Duration::from_millis(ms.max(1))),
         backoff_base: base,
         backoff_max: max,
