@@ -236,6 +236,36 @@ async fn applied_resources_serve_traffic_report_status_swap_without_errors_and_d
     .await;
 }
 
+/// A backend a replica has taken out of rotation shows in the route's
+/// status, under that replica, and leaves it when the backend is back.
+#[tokio::test]
+async fn ejected_backends_show_in_route_status_until_they_return() {
+    let (cluster, ns) = cluster_with_namespace("ejected").await;
+    let echo = Echo::start().await;
+    let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), &ns, "replica-a", Options::default()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead = format!("http://127.0.0.1:{port}/v1");
+    let route = format!(
+        "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata:\n  name: chat\n  namespace: {ns}\nspec:\n  \
+         models: [gpt-ejected]\n  backends:\n  - {{url: '{dead}'}}\n  - {{url: '{}', priority: 1}}\n  \
+         outlierDetection: {{consecutiveFailures: 1, baseEjectionMs: 5000}}\n",
+        echo.url()
+    );
+    cluster.apply(&route).await;
+    // The dead backend fails a connect, is skipped for the live one, and is
+    // ejected.
+    eventually("traffic", WAIT, async || (gateway.chat("gpt-ejected", &[]).await.status == 200).then_some(())).await;
+    let ejected = serde_json::json!([dead]);
+    wait_status(cluster, &ns, "aimodelroute", "chat", "the ejected backend in status", |r| {
+        r["status"]["replicas"][0]["ejectedBackends"] == ejected
+    })
+    .await;
+    wait_status(cluster, &ns, "aimodelroute", "chat", "the backend back, out of status", |r| {
+        r["status"]["replicas"][0]["name"] == "replica-a" && r["status"]["replicas"][0]["ejectedBackends"].is_null()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() {
     let (cluster, ns) = cluster_with_namespace("secrets").await;
@@ -453,7 +483,7 @@ async fn invalid_resources_are_rejected_by_the_apiserver() {
     assert!(explained.contains("JSON Pointer"), "{explained}");
     // The routing fields are documented where operators look.
     for (field, expected) in [
-        ("aimodelroute.spec.retry.on", "ConnectFailure"),
+        ("aimodelroute.spec.retry.retryOn", "ConnectFailure"),
         // Single words: kubectl wraps descriptions.
         ("aimodelroute.spec.retry.budget.percent", "percentage"),
         ("aimodelroute.spec.fallbacks", "namespace"),

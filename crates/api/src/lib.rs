@@ -58,6 +58,11 @@ pub struct ReplicaStatus {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// For a route: its backends this replica has taken out of rotation
+    /// for now (outlier detection, or a `retry-after` longer than the route
+    /// waits). They take traffic again by themselves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ejected_backends: Vec<String>,
 }
 
 pub const API_VERSION: &str = "sluice.dev/v1alpha1";

@@ -42,6 +42,8 @@ pub const ROLE_PART: &str = "replica-report-part";
 const FIELD_MANAGER: &str = "sluice-replica";
 /// A replica that has not renewed for this long is gone.
 const LEASE_SECONDS: i32 = 30;
+/// Ejected backends listed per route in a report.
+const MAX_EJECTED: usize = 64;
 const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Load errors can be long (a pull's whole error chain); the annotation stays small.
 const MAX_MESSAGE: usize = 300;
@@ -67,6 +69,9 @@ pub struct Entry {
     pub generation: i64,
     #[serde(flatten)]
     pub state: LoadState,
+    /// For a route: its backends this replica has out of rotation now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ejected_backends: Vec<String>,
 }
 
 impl ReplicaReport {
@@ -90,7 +95,14 @@ impl ReplicaReport {
                         error.truncate(cut);
                         error.push('…');
                     }
-                    Some((key.to_string(), Entry { generation, state }))
+                    // At most the route's backends (64 in a CRD), each a
+                    // URL without credentials.
+                    let ejected_backends = load
+                        .ejected
+                        .get(key)
+                        .map(|out| out.iter().take(MAX_EJECTED).cloned().collect())
+                        .unwrap_or_default();
+                    Some((key.to_string(), Entry { generation, state, ejected_backends }))
                 })
                 .collect()
         };
@@ -441,11 +453,13 @@ mod tests {
         for i in 0..10_000 {
             let key = format!("{namespace}/{i:05}{}", "r".repeat(248));
             let state = LoadState::failed("LoadFailed", "é".repeat(MAX_MESSAGE / 2), None);
-            report.routes.insert(key, Entry { generation: i, state });
+            report.routes.insert(key, Entry { generation: i, state, ejected_backends: vec![] });
         }
         for i in 0..1_000 {
             let state = LoadState::ready(Some(format!("sha256:{}", "ab".repeat(32))));
-            report.plugins.insert(format!("{namespace}/plugin-{i}"), Entry { generation: 1, state });
+            report
+                .plugins
+                .insert(format!("{namespace}/plugin-{i}"), Entry { generation: 1, state, ejected_backends: vec![] });
         }
         report
     }
@@ -466,7 +480,9 @@ mod tests {
 
         // A small report stays on the heartbeat alone.
         let mut small = ReplicaReport::default();
-        small.plugins.insert("ns/p".into(), Entry { generation: 3, state: LoadState::ready(None) });
+        small
+            .plugins
+            .insert("ns/p".into(), Entry { generation: 3, state: LoadState::ready(None), ejected_backends: vec![] });
         assert_eq!(split(&small).len(), 1);
     }
 

@@ -356,6 +356,7 @@ fn views<'a>(
                 digest: entry.state.digest.clone(),
                 reason: entry.state.reason.clone(),
                 message: entry.state.error.as_deref().map(|error| redactions.apply(error)),
+                ejected_backends: entry.ejected_backends.clone(),
             },
             None => ReplicaStatus {
                 name: name.clone(),
@@ -434,6 +435,7 @@ mod tests {
             digest: None,
             reason: message.map(|_| "PullFailed".to_string()),
             message: message.map(str::to_string),
+            ejected_backends: vec![],
         }
     }
 
@@ -469,7 +471,7 @@ mod tests {
     fn secret_values_in_replica_reports_reach_no_condition() {
         let mut report = ReplicaReport::default();
         let state = sluice_core::LoadState::failed("LoadFailed", "p: header value \"sk-planted\" is invalid", None);
-        report.plugins.insert("ns/p".into(), Entry { generation: 2, state });
+        report.plugins.insert("ns/p".into(), Entry { generation: 2, state, ejected_backends: vec![] });
         let replicas = BTreeMap::from([("a".to_string(), Arc::new(report))]);
         let mut redactions = Redactions::default();
         redactions.add("sk-planted");

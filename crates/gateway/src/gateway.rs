@@ -66,6 +66,8 @@ impl Default for Settings {
 }
 
 /// Waits before building a config again after a transient failure.
+/// How often the backends out of rotation are checked for the load report.
+const HEALTH_REPORT_EVERY: Duration = Duration::from_secs(2);
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -154,6 +156,8 @@ impl Gateway {
     /// plugin comes from an OCI tag that may move.
     pub async fn follow(self: Arc<Self>, mut updates: watch::Receiver<Option<ConfigUpdate>>) {
         let mut retry_delay = RETRY_FIRST;
+        let mut health = tokio::time::interval(HEALTH_REPORT_EVERY);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let update = updates.borrow_and_update().clone();
             let mut again = None;
@@ -172,16 +176,33 @@ impl Gateway {
                     retry_delay = RETRY_FIRST;
                 }
             }
+            let rebuild_at = again.map(|delay| tokio::time::Instant::now() + delay);
             let rebuild = async {
-                match again {
-                    Some(delay) => tokio::time::sleep(delay).await,
+                match rebuild_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                changed = updates.changed() => if changed.is_err() { return },
-                () = rebuild => updates.mark_changed(),
+            tokio::pin!(rebuild);
+            loop {
+                tokio::select! {
+                    changed = updates.changed() => if changed.is_err() { return } else { break },
+                    () = &mut rebuild => { updates.mark_changed(); break },
+                    _ = health.tick() => self.report_ejections(),
+                }
             }
+        }
+    }
+
+    /// Publishes the backends out of rotation again if they changed since
+    /// the last load report, so the status a Kubernetes leader writes
+    /// shows them.
+    fn report_ejections(&self) {
+        let ejected = self.snapshot.load().ejected();
+        if self.load_reports.borrow().ejected != ejected {
+            let mut report = LoadReport::clone(&self.load_reports.borrow());
+            report.ejected = ejected;
+            self.load_reports.send_replace(Arc::new(report));
         }
     }
 
@@ -219,9 +240,14 @@ impl Gateway {
             Applied::Done
         };
         count_applied(&next, &build);
+        let ejected = next.ejected();
         self.snapshot.store(Arc::new(next));
-        let load_report =
-            LoadReport { revision: desired.revision, plugins: build.plugins.clone(), routes: build.routes.clone() };
+        let load_report = LoadReport {
+            revision: desired.revision,
+            plugins: build.plugins.clone(),
+            routes: build.routes.clone(),
+            ejected,
+        };
         self.load_reports.send_replace(Arc::new(load_report));
         // Ready once every declared plugin is served or has failed for good
         // (a bad config, a missing module): waiting cannot fix those, and

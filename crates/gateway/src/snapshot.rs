@@ -81,6 +81,23 @@ impl Snapshot {
     pub fn plugins(&self) -> &HashMap<ResourceKey, Arc<LoadedPlugin>> {
         &self.plugins
     }
+
+    /// Each route's backends out of rotation now, for the load report.
+    pub fn ejected(&self) -> BTreeMap<ResourceKey, Vec<String>> {
+        let now = now_ms();
+        self.routes
+            .iter()
+            .filter_map(|route| {
+                let out: Vec<String> = route
+                    .backends
+                    .iter()
+                    .filter(|b| b.health.ejected_for(now).is_some())
+                    .map(|b| b.label.to_string())
+                    .collect();
+                (!out.is_empty()).then(|| (route.decl.key.clone(), out))
+            })
+            .collect()
+    }
 }
 
 impl LoadedPlugin {
