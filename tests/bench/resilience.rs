@@ -134,7 +134,8 @@ async fn run(scenario: Scenario) {
             .lines()
             .filter(|l| l.starts_with(name) && l.contains(label))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            // An empty float sum is -0.
+            .fold(0.0, |sum, value| sum + value)
     };
     let attempts = a.script().requests() + b.script().requests();
     // A backend nothing listens on receives nothing: its attempts are the
