@@ -52,6 +52,18 @@ async fn the_openai_sdk_through_an_anthropic_backed_route() {
             .sum();
         assert!(input > 0.0, "no input tokens counted for {route}:\n{metrics}");
     }
+    // The GenAI conventions name the provider that served it.
+    let usage = |provider: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("gen_ai_client_token_usage_count{")
+                && l.contains(&format!("gen_ai_provider_name=\"{provider}\""))
+                && l.contains(&format!(
+                    "gen_ai_request_model=\"{}\"",
+                    if provider == "anthropic" { "claude" } else { "gpt" }
+                ))
+        })
+    };
+    assert!(usage("anthropic") && usage("openai"), "{metrics}");
 }
 
 /// `sys.argv[1]`: the gateway's `/v1`. Each check prints `ok NAME`.

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use crate::metrics::{self, Label, metrics};
-use crate::record::{PROVIDER, RequestRecord};
+use crate::record::RequestRecord;
 
 /// The empty label value, shared rather than allocated per request.
 static EMPTY: LazyLock<Label> = LazyLock::new(|| Label::from(""));
@@ -43,7 +43,7 @@ impl RequestRecord {
         let response_model = self.response_model.as_deref().map_or_else(empty, |m2| m.response_model_label(m2));
         let gen_ai = metrics::GenAiLabels {
             gen_ai_operation_name: operation,
-            gen_ai_provider_name: PROVIDER,
+            gen_ai_provider_name: self.provider,
             gen_ai_request_model: model.clone(),
             gen_ai_response_model: response_model.clone(),
         };
@@ -56,7 +56,7 @@ impl RequestRecord {
         for (token_type, count) in [("input", tokens.input), ("output", tokens.output)] {
             let usage = metrics::TokenUsageLabels {
                 gen_ai_operation_name: operation,
-                gen_ai_provider_name: PROVIDER,
+                gen_ai_provider_name: self.provider,
                 gen_ai_request_model: model.clone(),
                 gen_ai_response_model: response_model.clone(),
                 gen_ai_token_type: token_type,

@@ -195,6 +195,9 @@ pub struct RequestRecord {
     pub model: Option<Label>,
     /// The backend that answered (or the last one tried).
     pub backend: Option<Label>,
+    /// `gen_ai.provider.name`: the API of that backend (`openai`, or
+    /// `anthropic` for a translated one).
+    pub provider: &'static str,
     pub status: u16,
     /// The OpenAI-shaped error's code, when the gateway answered with one.
     pub error_code: Option<&'static str>,
@@ -229,6 +232,7 @@ impl RequestRecord {
             route: None,
             model: None,
             backend: None,
+            provider: PROVIDER,
             status: 0,
             error_code: None,
             streamed: false,
@@ -313,7 +317,7 @@ impl RequestRecord {
     }
 }
 
-/// `gen_ai.provider.name`: the upstreams speak OpenAI's API.
+/// `gen_ai.provider.name` unless a backend speaks another API.
 pub const PROVIDER: &str = "openai";
 
 /// The GenAI operation of a forwarded endpoint.

@@ -22,7 +22,7 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanExp
 use crate::context::new_trace_id;
 pub use crate::context::{TraceContext, new_span_id, parse_traceparent};
 use crate::metrics::Label;
-use crate::record::{self, RequestRecord};
+use crate::record::RequestRecord;
 
 /// Which new traces are sampled.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -424,7 +424,7 @@ fn spans(record: &RequestRecord, duration: Duration) -> Vec<SpanData> {
     attributes.push(KeyValue::new("http.response.body.size", record.response_bytes.min(i64::MAX as u64) as i64));
     if let Some(operation) = record.operation {
         attributes.push(KeyValue::new("gen_ai.operation.name", operation));
-        attributes.push(KeyValue::new("gen_ai.provider.name", record::PROVIDER));
+        attributes.push(KeyValue::new("gen_ai.provider.name", record.provider));
     }
     if let Some(model) = &record.model {
         attributes.push(KeyValue::new("gen_ai.request.model", label(model)));
