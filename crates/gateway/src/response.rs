@@ -484,7 +484,7 @@ fn reported_in(json: &[u8]) -> Reported {
     struct Raw {
         // An object, as OpenAI sends it: serde would also read a struct
         // from an array (`[1, 2]`), which no upstream means as usage.
-        usage: Option<serde_json::Map<String, serde_json::Value>>,
+        usage: Option<UsageObject>,
         // Any value, kept if it is a string.
         #[serde(default)]
         model: Option<Checked<true>>,
@@ -494,7 +494,7 @@ fn reported_in(json: &[u8]) -> Reported {
     }
     #[derive(serde::Deserialize)]
     struct Inner {
-        usage: Option<serde_json::Map<String, serde_json::Value>>,
+        usage: Option<UsageObject>,
         #[serde(default)]
         model: Option<Checked<true>>,
     }
@@ -515,7 +515,7 @@ fn reported_in(json: &[u8]) -> Reported {
         Some(inner) if raw.usage.is_none() => (inner.usage, inner.model.or(raw.model)),
         _ => (raw.usage, raw.model),
     };
-    let counts = usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage)).ok());
+    let counts = usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage.0)).ok());
     let usage = counts.map(|counts| Usage {
         prompt_tokens: counts.prompt_tokens,
         completion_tokens: counts.completion_tokens,
@@ -523,6 +523,57 @@ fn reported_in(json: &[u8]) -> Reported {
         total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
     });
     Reported { usage, model: model.and_then(|model| model.0) }
+}
+
+/// A `usage` object's token counts as sent; its other members (the nested
+/// details) are checked as a `Value` parse would check them and dropped:
+/// building a map of them was most of reading a small response.
+struct UsageObject(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for UsageObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const COUNTS: [&str; 5] =
+            ["prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens"];
+        /// A member's name: one of [`COUNTS`], or another.
+        struct Key(Option<&'static str>);
+        impl<'de> serde::Deserialize<'de> for Key {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Name;
+                impl serde::de::Visitor<'_> for Name {
+                    type Value = Key;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a member name")
+                    }
+                    fn visit_str<E>(self, name: &str) -> Result<Key, E> {
+                        Ok(Key(COUNTS.iter().copied().find(|count| *count == name)))
+                    }
+                }
+                deserializer.deserialize_str(Name)
+            }
+        }
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = UsageObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UsageObject, A::Error> {
+                let mut counts = serde_json::Map::new();
+                while let Some(Key(name)) = map.next_key()? {
+                    match name {
+                        Some(name) => {
+                            counts.insert(name.to_owned(), map.next_value()?);
+                        }
+                        None => {
+                            map.next_value::<Checked<false>>()?;
+                        }
+                    }
+                }
+                Ok(UsageObject(counts))
+            }
+        }
+        deserializer.deserialize_map(Object)
+    }
 }
 
 /// The `usage` object of an OpenAI response or final stream chunk.
@@ -552,6 +603,23 @@ mod tests {
         assert_eq!(reported.model.as_deref(), Some("m"));
         assert_eq!(reported.usage.map(|u| u.total_tokens), Some(4));
         assert!(usage_in(b"[DONE]").is_none());
+    }
+
+    /// Usage as OpenAI sends it now, with nested details: the counts are
+    /// read; the details are checked as a `Value` parse checks them, and
+    /// dropped.
+    #[test]
+    fn usage_details_are_checked_but_not_kept() {
+        let json = br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":3,"audio_tokens":0},
+            "completion_tokens":2,"completion_tokens_details":{"reasoning_tokens":1},"total_tokens":11}}"#;
+        let usage = usage_in(json).map(|u| (u.prompt_tokens, u.completion_tokens, u.total_tokens));
+        assert_eq!(usage, Some((9, 2, 11)));
+        assert!(usage_in(br#"{"usage":{"prompt_tokens":1,"details":{"x":1e400}}}"#).is_none());
+        assert!(usage_in(br#"{"usage":{"prompt_tokens":1,"\ud800":2}}"#).is_none());
+        // A repeated count: the last, as in a parsed object; both names of
+        // one count: neither.
+        assert_eq!(usage_in(br#"{"usage":{"prompt_tokens":1,"prompt_tokens":4}}"#).map(|u| u.prompt_tokens), Some(4));
+        assert!(usage_in(br#"{"usage":{"prompt_tokens":1,"input_tokens":4}}"#).is_none());
     }
 
     /// Issue 12, finding 4: a hostile upstream's usage.

@@ -35,16 +35,20 @@ fn editable(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers, including any that `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_ascii_lowercase())
-        .collect();
+    // Every response passes here: the names `Connection` lists are matched
+    // where they stand, not copied and lower-cased first.
+    let listed = headers.contains_key(http::header::CONNECTION);
+    let named = |name: &str| {
+        headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case(name))
+    };
     let drop: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| HOP_BY_HOP.contains(&name.as_str()) || named.iter().any(|n| n == name.as_str()))
+        .filter(|name| HOP_BY_HOP.contains(&name.as_str()) || (listed && named(name.as_str())))
         .cloned()
         .collect();
     for name in drop {

@@ -27,7 +27,18 @@ pub fn request_id(from_client: Option<&[u8]>) -> Arc<str> {
 fn generate() -> Arc<str> {
     static PREFIX: LazyLock<u64> = LazyLock::new(crate::context::random_u64);
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    Arc::from(format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed)))
+    // Written by hand: `format!` was a measurable share of a plain proxied
+    // request.
+    let mut id = [0u8; 32];
+    id[..16].copy_from_slice(&hex(*PREFIX));
+    id[16..].copy_from_slice(&hex(NEXT.fetch_add(1, Ordering::Relaxed)));
+    Arc::from(std::str::from_utf8(&id).unwrap_or_default())
+}
+
+/// `value` as 16 lower-case hex digits.
+fn hex(value: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    std::array::from_fn(|i| DIGITS[(value >> (60 - 4 * i) & 0xf) as usize])
 }
 
 #[cfg(test)]
@@ -43,5 +54,7 @@ mod tests {
             assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
         }
         assert_ne!(request_id(None), request_id(None));
+        assert_eq!(&hex(0x0123_4567_89ab_cdef), b"0123456789abcdef");
+        assert_eq!(&hex(u64::MAX - 1), format!("{:016x}", u64::MAX - 1).as_bytes());
     }
 }
