@@ -1,5 +1,5 @@
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use sluice_core::Isolation;
@@ -90,7 +90,7 @@ impl PluginModule {
             limits,
             hooks: Hooks::empty(),
             isolation,
-            snapshot: None,
+            snapshot: Arc::default(),
             idle: Arc::new(Mutex::new(Vec::new())),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
@@ -101,8 +101,11 @@ impl PluginModule {
         if let Isolation::Reused { .. } = isolation {
             plugin.idle.lock().unwrap_or_else(PoisonError::into_inner).push(live);
         }
-        if self.shared.snapshot_bytes.max() > 0 {
-            plugin.snapshot = Some(self.snapshot(&plugin));
+        // A `Reused` plugin makes its snapshot when it first needs another
+        // instance: it may never (one request at a time on one thread), and
+        // the snapshot's compiled code and memory cost about 4 MiB a plugin.
+        if isolation == Isolation::PerRequest {
+            plugin.start_snapshot();
         }
         Ok(plugin)
     }
@@ -188,6 +191,9 @@ pub enum InstanceStart {
     Snapshot,
     /// A `configure` call each, while the snapshot is being made.
     ConfigureUntilSnapshot,
+    /// A `Reused` plugin's idle instance; the snapshot is made when it
+    /// first needs a new one.
+    SnapshotWhenNeeded,
     /// A `configure` call each: no snapshot could be made, or none is made.
     Configure,
 }
@@ -197,6 +203,7 @@ impl InstanceStart {
         match self {
             InstanceStart::Snapshot => "snapshot",
             InstanceStart::ConfigureUntilSnapshot => "configure-until-snapshot",
+            InstanceStart::SnapshotWhenNeeded => "snapshot-when-needed",
             InstanceStart::Configure => "configure",
         }
     }
@@ -217,9 +224,10 @@ pub struct ConfiguredPlugin {
     busy: Arc<Semaphore>,
     /// Shared by all its instances.
     log_rate: Arc<RateLimit>,
-    /// Where new instances start from once it is made; `None` if the
-    /// runtime makes no snapshots.
-    pub(crate) snapshot: Option<Arc<Snapshot>>,
+    /// Where new instances start from once it is made; unset if the
+    /// runtime makes no snapshots, or a `Reused` plugin has not needed a
+    /// new instance yet. Shared by the plugin's clones.
+    pub(crate) snapshot: Arc<OnceLock<Arc<Snapshot>>>,
 }
 
 /// A configured instance and the store it lives in.
@@ -254,10 +262,23 @@ impl ConfiguredPlugin {
 
     /// Where its new instances start from now.
     pub fn instances_start_from(&self) -> InstanceStart {
-        match &self.snapshot {
+        match self.snapshot.get() {
             Some(snapshot) if snapshot.ready().is_some() => InstanceStart::Snapshot,
             Some(snapshot) if snapshot.making() => InstanceStart::ConfigureUntilSnapshot,
+            None if self.snapshots_on() => InstanceStart::SnapshotWhenNeeded,
             _ => InstanceStart::Configure,
+        }
+    }
+
+    fn snapshots_on(&self) -> bool {
+        self.module.shared.snapshot_bytes.max() > 0
+    }
+
+    /// Starts making the snapshot new instances will start from, unless it
+    /// is made or being made, or the runtime makes none.
+    fn start_snapshot(&self) {
+        if self.snapshots_on() {
+            self.snapshot.get_or_init(|| self.module.snapshot(self));
         }
     }
 
@@ -266,7 +287,7 @@ impl ConfiguredPlugin {
     /// instead of calling `configure`. False at once if the runtime makes no
     /// snapshots.
     pub async fn snapshotted(&self) -> bool {
-        match &self.snapshot {
+        match self.snapshot.get() {
             Some(snapshot) => snapshot.wait().await,
             None => false,
         }
@@ -290,7 +311,10 @@ impl ConfiguredPlugin {
         let reused = home.as_ref().and_then(|home| home.idle.lock().unwrap_or_else(PoisonError::into_inner).pop());
         let live = match reused {
             Some(live) => live,
-            None => self.instantiate_live().await?,
+            None => {
+                self.start_snapshot();
+                self.instantiate_live().await?
+            }
         };
         Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false, _permit: permit })
     }
@@ -298,7 +322,7 @@ impl ConfiguredPlugin {
     /// A fresh, configured instance in a store of its own: from the
     /// snapshot if there is one, or configured now.
     async fn instantiate_live(&self) -> Result<Live, PluginError> {
-        let Some(pre) = self.snapshot.as_ref().and_then(|snapshot| snapshot.ready()) else {
+        let Some(pre) = self.snapshot.get().and_then(|snapshot| snapshot.ready()) else {
             return Ok(self.configure_live().await?.0);
         };
         let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());

@@ -35,9 +35,10 @@ pub struct RuntimeConfig {
     /// Log lines each plugin may write per second (in bursts of twice
     /// that); the rest are dropped and counted.
     pub plugin_log_lines_per_second: u32,
-    /// Each plugin version is snapshotted right after `configure`, and its
-    /// instances start from the snapshot instead of being configured one by
-    /// one (see [`crate::ConfiguredPlugin::snapshotted`]). A snapshot holds
+    /// Each plugin version is snapshotted right after `configure` (a
+    /// `Reused` one once it first needs a new instance), and its instances
+    /// start from the snapshot instead of being configured one by one (see
+    /// [`crate::ConfiguredPlugin::snapshotted`]). A snapshot holds
     /// its own compiled copy of the plugin and of its memory after
     /// `configure` (0.5 MiB for a small Rust plugin, 4 MiB with regexes,
     /// 35 MiB for Python or JavaScript): this bounds what all snapshots hold

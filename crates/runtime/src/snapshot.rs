@@ -382,7 +382,8 @@ mod tests {
     use sluice_core::Isolation;
 
     use crate::{
-        ConfiguredPlugin, Limits, PluginError, PluginRequest, RequestAction, Response, Runtime, RuntimeConfig,
+        ConfiguredPlugin, InstanceStart, Limits, PluginError, PluginRequest, RequestAction, Response, Runtime,
+        RuntimeConfig,
     };
 
     fn runtime(snapshots: bool) -> Runtime {
@@ -495,6 +496,12 @@ mod tests {
         // check above would see state carried over.
         let reused = Isolation::Reused { max_idle: 1 };
         let reused = configure(&runtime, wasm("probe"), &json!({}), reused).await.unwrap();
+        // It makes its snapshot only once it needs a second instance.
+        assert_eq!(reused.instances_start_from(), InstanceStart::SnapshotWhenNeeded);
+        assert!(!reused.snapshotted().await);
+        let both = (reused.instance().await.unwrap(), reused.instance().await.unwrap());
+        assert_ne!(reused.instances_start_from(), InstanceStart::SnapshotWhenNeeded);
+        drop(both);
         assert!(reused.snapshotted().await);
         for served in ["1", "2"] {
             let answer = serve(&reused, &chat(&[], "hi")).await;
@@ -557,7 +564,10 @@ mod tests {
         let b = configure(&runtime, wasm("add-header"), &config, Isolation::Reused { max_idle: 2 }).await.unwrap();
         let other = json!({"header": "x-team", "value": "other"});
         let c = configure(&runtime, wasm("add-header"), &other, Isolation::PerRequest).await.unwrap();
-        let (a, b, c) = (a.snapshot.unwrap(), b.snapshot.unwrap(), c.snapshot.unwrap());
+        // `b`, `Reused`, makes its snapshot once it needs a second instance.
+        let _both = (b.instance().await.unwrap(), b.instance().await.unwrap());
+        let snapshot = |plugin: &ConfiguredPlugin| plugin.snapshot.get().cloned().unwrap();
+        let (a, b, c) = (snapshot(&a), snapshot(&b), snapshot(&c));
         assert!(std::sync::Arc::ptr_eq(&a, &b), "configured alike, snapshotted twice");
         assert!(!std::sync::Arc::ptr_eq(&a, &c), "two configs shared a snapshot");
     }
