@@ -17,6 +17,16 @@ pub enum Provider {
     Anthropic,
 }
 
+impl Provider {
+    /// The name the CRDs, the admin view and `gen_ai.provider.name` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
 /// Why an attempt failed, as retry and fallback policies name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Condition {

@@ -4,7 +4,7 @@
 use http::StatusCode;
 use hyper::body::Incoming;
 use serde::Serialize;
-use sluice_core::{FailurePolicy, Provider};
+use sluice_core::FailurePolicy;
 use sluice_runtime::Hooks;
 use sluice_telemetry::metrics::{BackendLabels, PluginInfoLabels, PluginPoolLabels};
 
@@ -201,10 +201,7 @@ impl SnapshotView {
                         url: b.url.clone(),
                         model: b.model.clone(),
                         api_key: b.credential.is_some(),
-                        provider: match b.provider {
-                            Provider::OpenAi => "openai",
-                            Provider::Anthropic => "anthropic",
-                        },
+                        provider: b.provider.name(),
                         weight: decl.weight,
                         priority: decl.priority,
                         health: HealthView {

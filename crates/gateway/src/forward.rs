@@ -235,10 +235,7 @@ async fn attempt(
     let status = response.status().as_u16();
     attempt.status = Some(status);
     record.attempt(attempt);
-    record.provider = match backend.provider {
-        Provider::OpenAi => "openai",
-        Provider::Anthropic => "anthropic",
-    };
+    record.provider = backend.provider.name();
     let retry_after = balance::retry_after(response.headers());
     let response = response.map(|body| body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync());
     let idle = backend.timeouts.idle.unwrap_or(gateway.settings.upstream_idle_timeout);

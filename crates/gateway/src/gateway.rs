@@ -65,9 +65,9 @@ impl Default for Settings {
     }
 }
 
-/// Waits before building a config again after a transient failure.
 /// How often the backends out of rotation are checked for the load report.
 const HEALTH_REPORT_EVERY: Duration = Duration::from_secs(2);
+/// Waits before building a config again after a transient failure.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
