@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     pub snapshot_bytes: Arc<Budget>,
     /// Snapshots are made one at a time: each compiles the module twice.
     pub snapshot_turn: Semaphore,
+    /// How long a new version serves before its snapshot is made.
+    pub snapshot_settle: Duration,
     pub ticker: Arc<EpochTicker>,
 }
 
@@ -72,10 +74,11 @@ impl PluginModule {
     /// fresh instance. The result is what a snapshot serves. Instantiating
     /// and configuring take at most `limits.timeout`, in wall-clock time.
     ///
-    /// Then, in the background, the module is snapshotted right after
-    /// `configure` with this config (see `snapshot.rs`): once that is done,
-    /// new instances start from the snapshot instead of calling `configure`.
-    /// Until then, or if it cannot be done, each new instance is configured.
+    /// Then, in the background and once the version has settled, the module
+    /// is snapshotted right after `configure` with this config (see
+    /// `snapshot.rs`): once that is done, new instances start from the
+    /// snapshot instead of calling `configure`. Until then, or if it cannot
+    /// be done, each new instance is configured.
     pub async fn configure(
         self: &Arc<Self>,
         name: &str,
@@ -95,7 +98,9 @@ impl PluginModule {
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
+        let started = Instant::now();
         let (live, hooks) = plugin.configure_live().await?;
+        let took = started.elapsed();
         plugin.hooks = hooks;
         // A reusable instance is kept: the first request does not pay for it.
         if let Isolation::Reused { .. } = isolation {
@@ -106,6 +111,7 @@ impl PluginModule {
         // the snapshot's compiled code and memory cost about 4 MiB a plugin.
         if isolation == Isolation::PerRequest {
             plugin.start_snapshot();
+            plugin.configured(took);
         }
         Ok(plugin)
     }
@@ -126,6 +132,7 @@ impl PluginModule {
             plugin.limits,
             plugin.hooks,
             plugin.log_rate.clone(),
+            self.shared.snapshot_settle,
         );
         snapshots.insert(key, Arc::downgrade(&snapshot));
         snapshot
@@ -189,7 +196,8 @@ impl Source for PluginModule {
 pub enum InstanceStart {
     /// The snapshot taken after `configure`: no `configure` call.
     Snapshot,
-    /// A `configure` call each, while the snapshot is being made.
+    /// A `configure` call each, until the snapshot is made (the version
+    /// settles first).
     ConfigureUntilSnapshot,
     /// A `Reused` plugin's idle instance; the snapshot is made when it
     /// first needs a new one.
@@ -282,6 +290,13 @@ impl ConfiguredPlugin {
         }
     }
 
+    /// Counts a `configure` call towards making the snapshot sooner.
+    fn configured(&self, took: Duration) {
+        if let Some(snapshot) = self.snapshot.get() {
+            snapshot.configured(took);
+        }
+    }
+
     /// Waits until the snapshot of this plugin taken after `configure` is
     /// made, or could not be; whether new instances now start from it
     /// instead of calling `configure`. False at once if the runtime makes no
@@ -323,7 +338,10 @@ impl ConfiguredPlugin {
     /// snapshot if there is one, or configured now.
     async fn instantiate_live(&self) -> Result<Live, PluginError> {
         let Some(pre) = self.snapshot.get().and_then(|snapshot| snapshot.ready()) else {
-            return Ok(self.configure_live().await?.0);
+            let started = Instant::now();
+            let live = self.configure_live().await?.0;
+            self.configured(started.elapsed());
+            return Ok(live);
         };
         let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
         let timeout = self.limits.timeout;

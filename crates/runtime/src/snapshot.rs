@@ -16,6 +16,15 @@
 //! cannot snapshot, keeps being configured per instance; the reason is logged
 //! once, at info.
 //!
+//! A new version is snapshotted once it has served a while
+//! (`RuntimeConfig::snapshot_settle`), or sooner once its instances have
+//! spent [`CONFIGURE_BUDGET`] in `configure`, whichever comes first. Making
+//! a snapshot compiles the module twice, a few hundred ms of CPU beside the
+//! requests; a version replaced within the settle time (a burst of config
+//! changes) never costs it, and a plugin whose `configure` is expensive (a
+//! guard compiling regexes) is snapshotted after a few requests, not after
+//! a second of them.
+//!
 //! The snapshot is made in the background, one at a time per runtime, with
 //! the plugin's limits: its deadline for instantiating and configuring, its
 //! memory limit, the shared guest memory budget. A guest holding more than
@@ -25,10 +34,10 @@
 //! on a blocking thread, whose panic fails only the snapshot.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use wasmtime::component::{Component, Instance, Lift, Linker, ResourceType, WasmList};
 use wasmtime::{Store, format_err};
 use wasmtime_wasi::WasiView as _;
@@ -60,7 +69,19 @@ pub(crate) trait Source: Send + Sync + 'static {
 /// A plugin version's snapshot after `configure`, or the making of one.
 pub(crate) struct Snapshot {
     state: watch::Receiver<State>,
+    /// Microseconds instances of this version have spent in `configure`
+    /// while there was no snapshot to start from.
+    configuring_us: AtomicU64,
+    /// Wakes the maker from the settle time: the configure budget is spent,
+    /// or the snapshot is no longer wanted.
+    wake: Arc<Notify>,
 }
+
+/// `configure` time after which a new version is snapshotted before its
+/// settle time is up: about a third of what making a small Rust plugin's
+/// snapshot costs, so a version never spends much more configuring
+/// instances than its snapshot would have cost.
+pub(crate) const CONFIGURE_BUDGET: Duration = Duration::from_millis(100);
 
 enum State {
     Making,
@@ -87,6 +108,17 @@ impl Snapshot {
         matches!(*self.state.borrow(), State::Making)
     }
 
+    /// Counts a `configure` call an instance made, for want of the
+    /// snapshot: past [`CONFIGURE_BUDGET`] in all, making it starts.
+    pub fn configured(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let budget = CONFIGURE_BUDGET.as_micros() as u64;
+        let before = self.configuring_us.fetch_add(took, Ordering::Relaxed);
+        if before < budget && before.saturating_add(took) >= budget {
+            self.wake.notify_one();
+        }
+    }
+
     /// Waits until making the snapshot has ended; whether it was made.
     pub async fn wait(&self) -> bool {
         let mut state = self.state.clone();
@@ -98,10 +130,18 @@ impl Snapshot {
     }
 }
 
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        // A maker still settling gives up now, not when its time is up.
+        self.wake.notify_one();
+    }
+}
+
 /// Starts making the snapshot of `module` configured with `config`, which
-/// its `configure` accepted with `hooks`. It is abandoned between steps once
-/// no one holds the returned [`Snapshot`] (a new config, or shutting down:
-/// the process waits for blocking threads).
+/// its `configure` accepted with `hooks`, once `settle` has passed or the
+/// configure budget is spent. It is abandoned between steps once no one
+/// holds the returned [`Snapshot`] (a new config, or shutting down: the
+/// process waits for blocking threads).
 pub(crate) fn start<M: Source>(
     module: Arc<M>,
     name: Arc<str>,
@@ -109,11 +149,19 @@ pub(crate) fn start<M: Source>(
     limits: Limits,
     hooks: Hooks,
     log_rate: Arc<RateLimit>,
+    settle: Duration,
 ) -> Arc<Snapshot> {
     let (made, state) = watch::channel(State::Making);
-    let snapshot = Arc::new(Snapshot { state });
+    let wake = Arc::new(Notify::new());
+    let snapshot = Arc::new(Snapshot { state, configuring_us: AtomicU64::new(0), wake: wake.clone() });
     let wanted = Arc::downgrade(&snapshot);
     tokio::spawn(async move {
+        if !settle.is_zero() {
+            let _ = tokio::time::timeout(settle, wake.notified()).await;
+        }
+        if wanted.strong_count() == 0 {
+            return;
+        }
         let turn = module.clone();
         let Ok(_turn) = turn.turn().acquire().await else {
             return;
@@ -386,10 +434,15 @@ mod tests {
         RuntimeConfig,
     };
 
+    /// Snapshots made at once: these tests are about what they serve.
     fn runtime(snapshots: bool) -> Runtime {
+        runtime_settling(snapshots, Duration::ZERO)
+    }
+
+    fn runtime_settling(snapshots: bool, snapshot_settle: Duration) -> Runtime {
         let defaults = RuntimeConfig::default();
         let max_snapshot_bytes = if snapshots { defaults.max_snapshot_bytes } else { 0 };
-        Runtime::new(RuntimeConfig { max_instances: 20, max_snapshot_bytes, ..defaults }).unwrap()
+        Runtime::new(RuntimeConfig { max_instances: 20, max_snapshot_bytes, snapshot_settle, ..defaults }).unwrap()
     }
 
     const LIMITS: Limits = Limits { timeout: Duration::from_secs(1), max_memory_bytes: 64 << 20 };
@@ -572,6 +625,52 @@ mod tests {
         assert!(!std::sync::Arc::ptr_eq(&a, &c), "two configs shared a snapshot");
     }
 
+    /// A new version is snapshotted before its settle time is up once its
+    /// instances have spent the configure budget in `configure`, and not
+    /// before: with an hour to settle, a few requests leave it unmade, and
+    /// enough requests get it made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_is_snapshotted_once_configuring_it_has_cost_enough() {
+        let runtime = runtime_settling(true, Duration::from_secs(3600));
+        let config = json!({"header": "x-team", "value": "search"});
+        let plugin = configure(&runtime, wasm("add-header"), &config, Isolation::PerRequest).await.unwrap();
+        for _ in 0..3 {
+            assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
+        }
+        let snapshot = plugin.snapshot.get().cloned().expect("a PerRequest plugin's snapshot is started");
+        let spent = || Duration::from_micros(snapshot.configuring_us.load(Ordering::Relaxed));
+        assert!(spent() > Duration::ZERO && spent() < super::CONFIGURE_BUDGET, "{:?}", spent());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(plugin.instances_start_from(), InstanceStart::ConfigureUntilSnapshot);
+
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while spent() < super::CONFIGURE_BUDGET && std::time::Instant::now() < give_up {
+            assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
+        }
+        assert!(spent() >= super::CONFIGURE_BUDGET, "60 s of requests spent only {:?} configuring", spent());
+        let made = tokio::time::timeout(Duration::from_secs(60), plugin.snapshotted()).await;
+        assert_eq!(made, Ok(true), "the budget was spent, and no snapshot was made");
+        assert_eq!(plugin.instances_start_from(), InstanceStart::Snapshot);
+        assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
+    }
+
+    /// A version replaced while it settles is never snapshotted: its maker
+    /// gives up at once, and lets go of the module then, not an hour later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_dropped_while_it_settles_is_not_snapshotted() {
+        let runtime = runtime_settling(true, Duration::from_secs(3600));
+        let config = json!({"header": "x-team", "value": "search"});
+        let plugin = configure(&runtime, wasm("add-header"), &config, Isolation::PerRequest).await.unwrap();
+        assert_eq!(plugin.instances_start_from(), InstanceStart::ConfigureUntilSnapshot);
+        let module = std::sync::Arc::downgrade(&plugin.module);
+        drop(plugin);
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while module.strong_count() > 0 && std::time::Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(module.strong_count(), 0, "the settling maker still holds the module");
+    }
+
     /// Snapshots hold compiled code outside any guest's memory, all of them
     /// together at most `max_snapshot_bytes`: past it, plugins are
     /// configured per instance, and a snapshot no plugin uses any more gives
@@ -584,7 +683,12 @@ mod tests {
         let one = sized.module.shared.snapshot_bytes.used.load(Ordering::Acquire);
         assert!(one > 0, "a snapshot took nothing from the budget");
 
-        let limited = RuntimeConfig { max_instances: 20, max_snapshot_bytes: one + one / 2, ..Default::default() };
+        let limited = RuntimeConfig {
+            max_instances: 20,
+            max_snapshot_bytes: one + one / 2,
+            snapshot_settle: Duration::ZERO,
+            ..Default::default()
+        };
         let runtime = Runtime::new(limited).unwrap();
         let first = configure(&runtime, wasm("add-header"), &config("1"), Isolation::PerRequest).await.unwrap();
         assert!(first.snapshotted().await);
