@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -32,8 +33,12 @@ pub(crate) struct Shared {
     pub snapshot_bytes: Arc<Budget>,
     /// Snapshots are made one at a time: each compiles the module twice.
     pub snapshot_turn: Semaphore,
-    /// How long a new version serves before its snapshot is made.
+    /// How long a new `PerRequest` version serves before its snapshot is
+    /// made.
     pub snapshot_settle: Duration,
+    /// `configure` time spent on a version's new instances, for want of a
+    /// snapshot, after which it is made.
+    pub snapshot_configure_budget: Duration,
     pub ticker: Arc<EpochTicker>,
 }
 
@@ -94,6 +99,7 @@ impl PluginModule {
             hooks: Hooks::empty(),
             isolation,
             snapshot: Arc::default(),
+            configuring_us: Arc::default(),
             idle: Arc::new(Mutex::new(Vec::new())),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
@@ -106,11 +112,13 @@ impl PluginModule {
         if let Isolation::Reused { .. } = isolation {
             plugin.idle.lock().unwrap_or_else(PoisonError::into_inner).push(live);
         }
-        // A `Reused` plugin makes its snapshot when it first needs another
-        // instance: it may never (one request at a time on one thread), and
-        // the snapshot's compiled code and memory cost about 4 MiB a plugin.
+        // A `Reused` plugin makes its snapshot once configuring new
+        // instances has cost enough: it may never need many (one request at
+        // a time on one thread), and the snapshot's compiled code and memory
+        // cost about 4 MiB a plugin.
         if isolation == Isolation::PerRequest {
             plugin.start_snapshot();
+            plugin.make_snapshot_after(self.shared.snapshot_settle);
             plugin.configured(took);
         }
         Ok(plugin)
@@ -132,7 +140,6 @@ impl PluginModule {
             plugin.limits,
             plugin.hooks,
             plugin.log_rate.clone(),
-            self.shared.snapshot_settle,
         );
         snapshots.insert(key, Arc::downgrade(&snapshot));
         snapshot
@@ -199,8 +206,8 @@ pub enum InstanceStart {
     /// A `configure` call each, until the snapshot is made (the version
     /// settles first).
     ConfigureUntilSnapshot,
-    /// A `Reused` plugin's idle instance; the snapshot is made when it
-    /// first needs a new one.
+    /// A `Reused` plugin's idle instance; a new one is configured, and the
+    /// snapshot is made once that has cost enough.
     SnapshotWhenNeeded,
     /// A `configure` call each: no snapshot could be made, or none is made.
     Configure,
@@ -233,9 +240,12 @@ pub struct ConfiguredPlugin {
     /// Shared by all its instances.
     log_rate: Arc<RateLimit>,
     /// Where new instances start from once it is made; unset if the
-    /// runtime makes no snapshots, or a `Reused` plugin has not needed a
-    /// new instance yet. Shared by the plugin's clones.
+    /// runtime makes no snapshots, or a `Reused` plugin has not needed
+    /// enough new instances yet. Shared by the plugin's clones.
     pub(crate) snapshot: Arc<OnceLock<Arc<Snapshot>>>,
+    /// Microseconds its new instances have spent in `configure` for want of
+    /// a snapshot.
+    pub(crate) configuring_us: Arc<AtomicU64>,
 }
 
 /// A configured instance and the store it lives in.
@@ -290,10 +300,35 @@ impl ConfiguredPlugin {
         }
     }
 
-    /// Counts a `configure` call towards making the snapshot sooner.
+    /// The snapshot is made once `settle` has passed, unless it is sooner.
+    fn make_snapshot_after(&self, settle: Duration) {
+        let Some(snapshot) = self.snapshot.get() else {
+            return;
+        };
+        if settle.is_zero() {
+            snapshot.make_now();
+            return;
+        }
+        let snapshot = Arc::downgrade(snapshot);
+        tokio::spawn(async move {
+            tokio::time::sleep(settle).await;
+            if let Some(snapshot) = snapshot.upgrade() {
+                snapshot.make_now();
+            }
+        });
+    }
+
+    /// Counts a `configure` call made for want of a snapshot; once they have
+    /// cost the budget, the snapshot is made.
     fn configured(&self, took: Duration) {
-        if let Some(snapshot) = self.snapshot.get() {
-            snapshot.configured(took);
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let budget = micros(self.module.shared.snapshot_configure_budget);
+        let before = self.configuring_us.fetch_add(micros(took), Ordering::Relaxed);
+        if before.saturating_add(micros(took)) >= budget {
+            self.start_snapshot();
+            if let Some(snapshot) = self.snapshot.get() {
+                snapshot.make_now();
+            }
         }
     }
 
@@ -326,10 +361,7 @@ impl ConfiguredPlugin {
         let reused = home.as_ref().and_then(|home| home.idle.lock().unwrap_or_else(PoisonError::into_inner).pop());
         let live = match reused {
             Some(live) => live,
-            None => {
-                self.start_snapshot();
-                self.instantiate_live().await?
-            }
+            None => self.instantiate_live().await?,
         };
         Ok(PluginInstance { live: Some(live), timeout: self.limits.timeout, home, tainted: false, _permit: permit })
     }

@@ -54,12 +54,18 @@ pub struct RuntimeConfig {
     /// saves, and this is ignored. It costs up to twice this much resident
     /// memory per idle slot (wasmtime keeps up to 100 warm); 0 turns it off.
     pub keep_resident_bytes: usize,
-    /// How long a new plugin version serves, its instances configured one
-    /// by one, before its snapshot is made; sooner once they have spent
-    /// 100 ms in `configure`. Versions replaced within it (a burst of config
-    /// changes) never cost the snapshot's compile, which competes with
-    /// requests for the CPU. 0 makes each at once.
+    /// How long a new `PerRequest` plugin version serves, its instances
+    /// configured one by one, before its snapshot is made. Versions replaced
+    /// within it (a burst of config changes) never cost the snapshot's
+    /// compile, which competes with requests for the CPU. 0 makes each at
+    /// once.
     pub snapshot_settle: Duration,
+    /// A version is snapshotted, settled or not (and a `Reused` one at all),
+    /// once its new instances have spent this long in `configure` for want
+    /// of a snapshot: a third of what a small Rust plugin's snapshot costs
+    /// to make, so configuring never costs much more than the snapshot
+    /// would have. 0: at the first such instance.
+    pub snapshot_configure_budget: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -81,6 +87,7 @@ impl Default for RuntimeConfig {
             // Under 100 swaps in 20 s on 2 cores, snapshots made at once took
             // p99 latency from 1.0 to 1.6–2.3× steady; with none made, 0.9–1.2×.
             snapshot_settle: Duration::from_secs(1),
+            snapshot_configure_budget: Duration::from_millis(100),
         }
     }
 }
@@ -148,6 +155,7 @@ impl Runtime {
             snapshot_bytes: Arc::new(crate::snapshot::Budget::new(config.max_snapshot_bytes)),
             snapshot_turn: tokio::sync::Semaphore::new(1),
             snapshot_settle: config.snapshot_settle,
+            snapshot_configure_budget: config.snapshot_configure_budget,
             ticker: EpochTicker::start(&engine),
         });
 

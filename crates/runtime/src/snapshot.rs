@@ -16,14 +16,17 @@
 //! cannot snapshot, keeps being configured per instance; the reason is logged
 //! once, at info.
 //!
-//! A new version is snapshotted once it has served a while
-//! (`RuntimeConfig::snapshot_settle`), or sooner once its instances have
-//! spent [`CONFIGURE_BUDGET`] in `configure`, whichever comes first. Making
-//! a snapshot compiles the module twice, a few hundred ms of CPU beside the
-//! requests; a version replaced within the settle time (a burst of config
-//! changes) never costs it, and a plugin whose `configure` is expensive (a
-//! guard compiling regexes) is snapshotted after a few requests, not after
-//! a second of them.
+//! Making a snapshot compiles the module twice, a few hundred ms of CPU
+//! beside the requests, and the snapshot holds a few MiB: it is made once a
+//! version is likely to pay for it. A `PerRequest` version waits until it
+//! has served a while (`RuntimeConfig::snapshot_settle`), so a version
+//! replaced at once (a burst of config changes) never costs the compile. A
+//! `Reused` one, which makes new instances only when more requests overlap
+//! than it has idle, waits until it needs them often. Either is snapshotted
+//! sooner once configuring its new instances has cost
+//! `RuntimeConfig::snapshot_configure_budget` (a third of what a small
+//! plugin's snapshot costs): a guard compiling regexes in `configure` is
+//! snapshotted after a few requests, not after a second of them.
 //!
 //! The snapshot is made in the background, one at a time per runtime, with
 //! the plugin's limits: its deadline for instantiating and configuring, its
@@ -34,8 +37,8 @@
 //! on a blocking thread, whose panic fails only the snapshot.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use tokio::sync::{Notify, watch};
 use wasmtime::component::{Component, Instance, Lift, Linker, ResourceType, WasmList};
@@ -69,19 +72,10 @@ pub(crate) trait Source: Send + Sync + 'static {
 /// A plugin version's snapshot after `configure`, or the making of one.
 pub(crate) struct Snapshot {
     state: watch::Receiver<State>,
-    /// Microseconds instances of this version have spent in `configure`
-    /// while there was no snapshot to start from.
-    configuring_us: AtomicU64,
-    /// Wakes the maker from the settle time: the configure budget is spent,
-    /// or the snapshot is no longer wanted.
+    /// Wakes the maker, which waits until told to make it (`make_now`) or
+    /// until no one wants it.
     wake: Arc<Notify>,
 }
-
-/// `configure` time after which a new version is snapshotted before its
-/// settle time is up: about a third of what making a small Rust plugin's
-/// snapshot costs, so a version never spends much more configuring
-/// instances than its snapshot would have cost.
-pub(crate) const CONFIGURE_BUDGET: Duration = Duration::from_millis(100);
 
 enum State {
     Making,
@@ -108,15 +102,10 @@ impl Snapshot {
         matches!(*self.state.borrow(), State::Making)
     }
 
-    /// Counts a `configure` call an instance made, for want of the
-    /// snapshot: past [`CONFIGURE_BUDGET`] in all, making it starts.
-    pub fn configured(&self, took: Duration) {
-        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let budget = CONFIGURE_BUDGET.as_micros() as u64;
-        let before = self.configuring_us.fetch_add(took, Ordering::Relaxed);
-        if before < budget && before.saturating_add(took) >= budget {
-            self.wake.notify_one();
-        }
+    /// Makes it as soon as it is this runtime's turn, unless it is made or
+    /// being made.
+    pub fn make_now(&self) {
+        self.wake.notify_one();
     }
 
     /// Waits until making the snapshot has ended; whether it was made.
@@ -132,16 +121,15 @@ impl Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        // A maker still settling gives up now, not when its time is up.
+        // A maker still waiting gives up now.
         self.wake.notify_one();
     }
 }
 
-/// Starts making the snapshot of `module` configured with `config`, which
-/// its `configure` accepted with `hooks`, once `settle` has passed or the
-/// configure budget is spent. It is abandoned between steps once no one
-/// holds the returned [`Snapshot`] (a new config, or shutting down: the
-/// process waits for blocking threads).
+/// The snapshot of `module` configured with `config`, which its `configure`
+/// accepted with `hooks`: made once [`Snapshot::make_now`] is called. It is
+/// abandoned between steps once no one holds the returned [`Snapshot`] (a
+/// new config, or shutting down: the process waits for blocking threads).
 pub(crate) fn start<M: Source>(
     module: Arc<M>,
     name: Arc<str>,
@@ -149,16 +137,13 @@ pub(crate) fn start<M: Source>(
     limits: Limits,
     hooks: Hooks,
     log_rate: Arc<RateLimit>,
-    settle: Duration,
 ) -> Arc<Snapshot> {
     let (made, state) = watch::channel(State::Making);
     let wake = Arc::new(Notify::new());
-    let snapshot = Arc::new(Snapshot { state, configuring_us: AtomicU64::new(0), wake: wake.clone() });
+    let snapshot = Arc::new(Snapshot { state, wake: wake.clone() });
     let wanted = Arc::downgrade(&snapshot);
     tokio::spawn(async move {
-        if !settle.is_zero() {
-            let _ = tokio::time::timeout(settle, wake.notified()).await;
-        }
+        wake.notified().await;
         if wanted.strong_count() == 0 {
             return;
         }
@@ -434,15 +419,16 @@ mod tests {
         RuntimeConfig,
     };
 
-    /// Snapshots made at once: these tests are about what they serve.
+    /// Snapshots made at once (a `Reused` plugin's once it needs a second
+    /// instance): most tests here are about what they serve.
     fn runtime(snapshots: bool) -> Runtime {
-        runtime_settling(snapshots, Duration::ZERO)
+        let defaults = at_once(RuntimeConfig::default());
+        let max_snapshot_bytes = if snapshots { defaults.max_snapshot_bytes } else { 0 };
+        Runtime::new(RuntimeConfig { max_instances: 20, max_snapshot_bytes, ..defaults }).unwrap()
     }
 
-    fn runtime_settling(snapshots: bool, snapshot_settle: Duration) -> Runtime {
-        let defaults = RuntimeConfig::default();
-        let max_snapshot_bytes = if snapshots { defaults.max_snapshot_bytes } else { 0 };
-        Runtime::new(RuntimeConfig { max_instances: 20, max_snapshot_bytes, snapshot_settle, ..defaults }).unwrap()
+    fn at_once(config: RuntimeConfig) -> RuntimeConfig {
+        RuntimeConfig { snapshot_settle: Duration::ZERO, snapshot_configure_budget: Duration::ZERO, ..config }
     }
 
     const LIMITS: Limits = Limits { timeout: Duration::from_secs(1), max_memory_bytes: 64 << 20 };
@@ -625,40 +611,60 @@ mod tests {
         assert!(!std::sync::Arc::ptr_eq(&a, &c), "two configs shared a snapshot");
     }
 
-    /// A new version is snapshotted before its settle time is up once its
-    /// instances have spent the configure budget in `configure`, and not
-    /// before: with an hour to settle, a few requests leave it unmade, and
-    /// enough requests get it made.
+    /// Takes two instances of `plugin` at once (a `Reused` one with one idle
+    /// instance makes a new one), and checks that both do their work.
+    async fn two_at_once(plugin: &ConfiguredPlugin, value: &str) {
+        let mut both = [plugin.instance().await.unwrap(), plugin.instance().await.unwrap()];
+        for instance in &mut both {
+            let mut request = chat(&[], "hi");
+            let action = instance.request_filter(&mut request).await;
+            assert!(matches!(action, Ok(RequestAction::Continue)), "{action:?}");
+            assert!(format!("{:?}", request.headers).contains(&format!(r#""x-team": "{value}""#)));
+        }
+    }
+
+    /// With an hour to settle, a version is snapshotted once configuring
+    /// its new instances has cost the budget, and not before: a few leave
+    /// it unmade, enough get it made. A `Reused` one likewise, though it
+    /// never settles.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_version_is_snapshotted_once_configuring_it_has_cost_enough() {
-        let runtime = runtime_settling(true, Duration::from_secs(3600));
-        let config = json!({"header": "x-team", "value": "search"});
-        let plugin = configure(&runtime, wasm("add-header"), &config, Isolation::PerRequest).await.unwrap();
-        for _ in 0..3 {
-            assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
-        }
-        let snapshot = plugin.snapshot.get().cloned().expect("a PerRequest plugin's snapshot is started");
-        let spent = || Duration::from_micros(snapshot.configuring_us.load(Ordering::Relaxed));
-        assert!(spent() > Duration::ZERO && spent() < super::CONFIGURE_BUDGET, "{:?}", spent());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(plugin.instances_start_from(), InstanceStart::ConfigureUntilSnapshot);
+        let config = RuntimeConfig { snapshot_settle: Duration::from_secs(3600), ..RuntimeConfig::default() };
+        let budget = config.snapshot_configure_budget;
+        let runtime = Runtime::new(config).unwrap();
+        let cases = [
+            ("per-request", Isolation::PerRequest, InstanceStart::ConfigureUntilSnapshot),
+            ("reused", Isolation::Reused { max_idle: 1 }, InstanceStart::SnapshotWhenNeeded),
+        ];
+        for (value, isolation, unmade) in cases {
+            let config = json!({"header": "x-team", "value": value});
+            let plugin = configure(&runtime, wasm("add-header"), &config, isolation).await.unwrap();
+            for _ in 0..3 {
+                two_at_once(&plugin, value).await;
+            }
+            let spent = || Duration::from_micros(plugin.configuring_us.load(Ordering::Relaxed));
+            assert!(spent() > Duration::ZERO && spent() < budget, "{value}: {:?}", spent());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(plugin.instances_start_from(), unmade, "{value}");
 
-        let give_up = std::time::Instant::now() + Duration::from_secs(60);
-        while spent() < super::CONFIGURE_BUDGET && std::time::Instant::now() < give_up {
-            assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
+            let give_up = std::time::Instant::now() + Duration::from_secs(60);
+            while spent() < budget && std::time::Instant::now() < give_up {
+                two_at_once(&plugin, value).await;
+            }
+            assert!(spent() >= budget, "{value}: 60 s of new instances spent only {:?} configuring", spent());
+            let made = tokio::time::timeout(Duration::from_secs(60), plugin.snapshotted()).await;
+            assert_eq!(made, Ok(true), "{value}: the budget was spent, and no snapshot was made");
+            assert_eq!(plugin.instances_start_from(), InstanceStart::Snapshot, "{value}");
+            two_at_once(&plugin, value).await;
         }
-        assert!(spent() >= super::CONFIGURE_BUDGET, "60 s of requests spent only {:?} configuring", spent());
-        let made = tokio::time::timeout(Duration::from_secs(60), plugin.snapshotted()).await;
-        assert_eq!(made, Ok(true), "the budget was spent, and no snapshot was made");
-        assert_eq!(plugin.instances_start_from(), InstanceStart::Snapshot);
-        assert!(serve(&plugin, &chat(&[], "hi")).await.contains(r#""x-team": "search""#));
     }
 
     /// A version replaced while it settles is never snapshotted: its maker
     /// gives up at once, and lets go of the module then, not an hour later.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_version_dropped_while_it_settles_is_not_snapshotted() {
-        let runtime = runtime_settling(true, Duration::from_secs(3600));
+        let config = RuntimeConfig { snapshot_settle: Duration::from_secs(3600), ..RuntimeConfig::default() };
+        let runtime = Runtime::new(config).unwrap();
         let config = json!({"header": "x-team", "value": "search"});
         let plugin = configure(&runtime, wasm("add-header"), &config, Isolation::PerRequest).await.unwrap();
         assert_eq!(plugin.instances_start_from(), InstanceStart::ConfigureUntilSnapshot);
@@ -668,7 +674,7 @@ mod tests {
         while module.strong_count() > 0 && std::time::Instant::now() < give_up {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(module.strong_count(), 0, "the settling maker still holds the module");
+        assert_eq!(module.strong_count(), 0, "the waiting maker still holds the module");
     }
 
     /// Snapshots hold compiled code outside any guest's memory, all of them
@@ -683,12 +689,8 @@ mod tests {
         let one = sized.module.shared.snapshot_bytes.used.load(Ordering::Acquire);
         assert!(one > 0, "a snapshot took nothing from the budget");
 
-        let limited = RuntimeConfig {
-            max_instances: 20,
-            max_snapshot_bytes: one + one / 2,
-            snapshot_settle: Duration::ZERO,
-            ..Default::default()
-        };
+        let limited =
+            at_once(RuntimeConfig { max_instances: 20, max_snapshot_bytes: one + one / 2, ..Default::default() });
         let runtime = Runtime::new(limited).unwrap();
         let first = configure(&runtime, wasm("add-header"), &config("1"), Isolation::PerRequest).await.unwrap();
         assert!(first.snapshotted().await);

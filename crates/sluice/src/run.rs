@@ -121,11 +121,16 @@ pub struct RunArgs {
     /// versions are configured per instance. 0 turns snapshots off.
     #[arg(long, default_value_t = RuntimeConfig::default().max_snapshot_bytes)]
     pub max_snapshot_bytes: usize,
-    /// Milliseconds a new plugin version serves, configured per instance,
-    /// before its snapshot is made (sooner once its instances have spent
-    /// 100 ms in `configure`): versions replaced sooner cost no compile.
+    /// Milliseconds a new `PerRequest` plugin version serves, configured per
+    /// instance, before its snapshot is made: versions replaced sooner cost
+    /// no compile.
     #[arg(long, default_value_t = RuntimeConfig::default().snapshot_settle.as_millis() as u64)]
     pub plugin_snapshot_settle_ms: u64,
+    /// Milliseconds a plugin version's new instances may spend in
+    /// `configure`, for want of a snapshot, before it is made (settled or
+    /// not; a `Reused` version's only then).
+    #[arg(long, default_value_t = RuntimeConfig::default().snapshot_configure_budget.as_millis() as u64)]
+    pub plugin_snapshot_configure_budget_ms: u64,
     /// Bytes of each plugin memory a finished instance leaves resident for
     /// the next one (Linux 6.7+ only). 0 turns it off.
     #[arg(long, default_value_t = RuntimeConfig::default().keep_resident_bytes)]
@@ -348,6 +353,7 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         max_snapshot_bytes: args.max_snapshot_bytes,
         keep_resident_bytes: args.plugin_keep_resident_bytes,
         snapshot_settle: Duration::from_millis(args.plugin_snapshot_settle_ms),
+        snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
         ..Default::default()
     })
     .context("starting the plugin runtime")?;
