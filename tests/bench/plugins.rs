@@ -29,6 +29,7 @@ fn main() {
         sluice_runtime::tokens::warm_up();
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 64 << 20 };
         // What the runtime sets up once, for its first plugin (compile and
         // snapshot threads, their malloc arenas, the instance pool's first
         // slots), is not one more plugin version's: a plugin not in the
@@ -36,7 +37,6 @@ fn main() {
         let warm_up = std::fs::read(root.join("plugins/dist/add-header.wasm")).expect("built plugins");
         let warm_up = runtime.load(warm_up, None).await.unwrap();
         let config = serde_json::json!({"header": "x-team", "value": "search"});
-        let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 64 << 20 };
         let warm_up = warm_up.configure("add-header", &config, limits, Isolation::PerRequest).await.unwrap();
         warm_up.snapshotted().await;
         warm_up.instance().await.unwrap().request_filter(&mut request()).await.unwrap();
@@ -46,7 +46,6 @@ fn main() {
             let rss_before = rss_bytes();
             let module = runtime.load(bytes, None).await.unwrap();
             let config = example_config(&root.join(format!("plugins/{name}/example.yaml")));
-            let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 64 << 20 };
             let plugin = module.configure(name, &config, limits, Isolation::PerRequest).await.unwrap();
             // Measured from its snapshot, as it serves.
             plugin.snapshotted().await;
