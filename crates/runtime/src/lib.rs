@@ -16,6 +16,7 @@
 
 mod background;
 mod bindings;
+mod compiler;
 mod deadline;
 mod epoch;
 mod guest_log;

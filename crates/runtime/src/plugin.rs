@@ -10,6 +10,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Store, UpdateDeadline};
 
 use crate::bindings::{ChunkAction, Hooks, RequestAction, Response, ResponseAction, ResponseSummary};
+use crate::compiler::Compiler;
 pub use crate::deadline::Limits;
 use crate::deadline::{arm, classify, within};
 use crate::epoch::EpochTicker;
@@ -40,6 +41,7 @@ pub(crate) struct Shared {
     /// snapshot, after which it is made.
     pub snapshot_configure_budget: Duration,
     pub ticker: Arc<EpochTicker>,
+    pub compiler: Compiler,
 }
 
 /// A compiled component, ready to instantiate cheaply.
@@ -191,6 +193,10 @@ impl Source for PluginModule {
 
     fn budget(&self) -> &Arc<Budget> {
         &self.shared.snapshot_bytes
+    }
+
+    fn compiler(&self) -> &Compiler {
+        &self.shared.compiler
     }
 
     fn turn(&self) -> &Semaphore {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::compiler::Compiler;
 use crate::epoch::EpochTicker;
 use crate::host::{PluginState, TokenCounter};
 use crate::memory::GuestMemory;
@@ -141,7 +142,9 @@ impl Runtime {
                 .pagemap_scan(Enabled::Yes);
         }
         let mut wasm = Config::new();
-        wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        wasm.epoch_interruption(true);
+        let compiler = Compiler::new(wasm.clone());
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         crate::background::lower_compile_threads();
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
@@ -157,6 +160,7 @@ impl Runtime {
             snapshot_settle: config.snapshot_settle,
             snapshot_configure_budget: config.snapshot_configure_budget,
             ticker: EpochTicker::start(&engine),
+            compiler,
         });
 
         if let Some(dir) = &config.cache_dir {
@@ -223,7 +227,7 @@ impl Runtime {
     fn compile(&self, digest: &str, bytes: Arc<[u8]>) -> Result<Arc<PluginModule>, LoadError> {
         let component = match self.artifact_path(digest) {
             Some(path) => self.compile_cached(&path, &bytes),
-            None => self.compile_fresh(&bytes),
+            None => self.compile_fresh(&bytes).and_then(|artifact| self.load_artifact(&artifact)),
         };
         if component.is_err() {
             count_compile("failed");
@@ -246,7 +250,8 @@ impl Runtime {
         Ok(module)
     }
 
-    fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+    /// The compiled artifact of `bytes`.
+    fn compile_fresh(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
         if wasmparser_is_core_module(bytes) {
             return Err(LoadError::Compile(
                 "this is a core Wasm module, not a component; build for wasm32-wasip2 or run `wasm-tools component new`"
@@ -254,11 +259,12 @@ impl Runtime {
             ));
         }
         let started = std::time::Instant::now();
-        let component = Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let artifact =
+            self.inner.shared.compiler.precompile(bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
         let metrics = sluice_telemetry::metrics();
         metrics.plugin_compile_duration.observe(started.elapsed().as_secs_f64());
         count_compile("compiled");
-        Ok(component)
+        Ok(artifact)
     }
 
     /// Loads the precompiled artifact if a valid one is on disk, otherwise
@@ -277,11 +283,15 @@ impl Runtime {
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unreadable cached artifact"),
             }
         }
-        let component = self.compile_fresh(bytes)?;
-        if let Err(e) = write_atomically(path, &component) {
+        let artifact = self.compile_fresh(bytes)?;
+        if let Err(e) = write_atomically(path, &artifact) {
             tracing::warn!(path = %path.display(), error = %e, "could not cache compiled plugin");
         }
-        Ok(component)
+        self.load_artifact(&artifact)
+    }
+
+    fn load_artifact(&self, artifact: &[u8]) -> Result<Component, LoadError> {
+        crate::compiler::load(&self.inner.engine, artifact).map_err(|e| LoadError::Compile(format!("{e:#}")))
     }
 
     fn artifact_path(&self, digest: &str) -> Option<PathBuf> {
@@ -339,10 +349,9 @@ fn prepare_cache_dir(dir: &Path) -> Result<(), StartError> {
     Ok(())
 }
 
-fn write_atomically(path: &Path, component: &Component) -> Result<(), String> {
-    let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
+fn write_atomically(path: &Path, artifact: &[u8]) -> Result<(), String> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| e.to_string())?;
+    std::fs::write(&tmp, artifact).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, path).map_err(|e| e.to_string())
 }
 

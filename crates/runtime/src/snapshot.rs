@@ -49,6 +49,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use crate::PluginError;
 use crate::bindings::Hooks;
+use crate::compiler::Compiler;
 use crate::deadline::{Limits, arm, arm_trusted, classify};
 use crate::guest_log::RateLimit;
 use crate::host::PluginState;
@@ -65,6 +66,8 @@ pub(crate) trait Source: Send + Sync + 'static {
     /// A store with the plugin's limits, as the module's instances get.
     fn store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState>;
     fn budget(&self) -> &Arc<Budget>;
+    /// Compiles for [`Source::engine`].
+    fn compiler(&self) -> &Compiler;
     /// Held while a snapshot is made: one at a time.
     fn turn(&self) -> &tokio::sync::Semaphore;
 }
@@ -202,7 +205,8 @@ async fn make<M: Source>(
     let wizer = Wizer::new();
     let (context, instrumented) = wizer.instrument_component(module.bytes()).map_err(|e| format!("{e:#}"))?;
     unless_abandoned()?;
-    let component = Component::new(engine, &instrumented).map_err(|e| format!("compiling it instrumented: {e:#}"))?;
+    let component =
+        module.compiler().compile(engine, &instrumented).map_err(|e| format!("compiling it instrumented: {e:#}"))?;
     unless_abandoned()?;
     let linker = snapshot_linker(&component).map_err(|e| format!("{e:#}"))?;
 
@@ -252,7 +256,8 @@ async fn make<M: Source>(
     drop(store);
     unless_abandoned()?;
 
-    let component = Component::new(engine, &snapshot).map_err(|e| format!("compiling the snapshot: {e:#}"))?;
+    let component =
+        module.compiler().compile(engine, &snapshot).map_err(|e| format!("compiling the snapshot: {e:#}"))?;
     // Its compiled code and data, memory image included.
     let bytes = component.image_range().end.addr() - component.image_range().start.addr();
     let reserved = Budget::reserve(module.budget(), bytes).ok_or_else(|| {
