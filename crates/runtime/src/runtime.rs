@@ -146,6 +146,7 @@ impl Runtime {
         let compiler = Compiler::new(wasm.clone());
         wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         crate::background::lower_compile_threads();
+        crate::background::bound_freed_memory();
         let engine = Engine::new(&wasm).map_err(StartError::wasmtime)?;
 
         let mut linker = crate::wasi::base_linker(&engine).map_err(StartError::wasmtime)?;
