@@ -22,6 +22,7 @@ pub(crate) fn arm(store: &mut Store<PluginState>, timeout: Duration) -> Instant 
     let state = store.data_mut();
     state.ticker.keep_ticking_until(deadline);
     state.deadline = deadline;
+    state.ticked = false;
     state.memory.refused = None;
     store.set_epoch_deadline(1);
     deadline

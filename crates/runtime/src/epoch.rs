@@ -1,7 +1,11 @@
 //! The thread that advances the engine's epoch, which is how a guest that
 //! runs too long is stopped and how a busy guest yields to tokio. It ticks
 //! only while some call into a guest may be running: an idle gateway on a
-//! 1 ms ticker spent 2.6% of a core on it (a VM's timer wake-ups).
+//! 1 ms ticker spent 2.6% of a core on it (a VM's timer wake-ups). And it
+//! ticks every 1 ms only while some call has run through a whole tick,
+//! every 10 ms while calls are short: each tick wakes a thread, and with the
+//! gateway on one core, as the benches run it, a 1 ms ticker put 1% of
+//! fresh instances at 60–75 µs against 17–24 with rarer ticks.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -10,12 +14,17 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
-/// How often the epoch advances while guests run: the granularity of plugin
-/// deadlines and of cooperative yields back to tokio. Spin uses 10 ms: tried
-/// here, five requests beside two spinning plugins took longer than the
-/// spinners' 3 s deadline (tests/e2e/failures.rs), each waiting out their
-/// slices.
+/// How often the epoch advances while a call runs long: the granularity of
+/// its deadline and of its cooperative yields back to tokio. Spin uses 10
+/// ms: tried here for every call, five requests beside two spinning plugins
+/// took longer than the spinners' 3 s deadline (tests/e2e/failures.rs), each
+/// waiting out their slices.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
+
+/// How often it advances while no call has run through a whole tick: a
+/// spinning guest is found within two of these (and then yields every
+/// `TICK`), and a deadline is met within one (10% of the default 100 ms).
+pub(crate) const SLOW_TICK: Duration = Duration::from_millis(10);
 
 /// How often a parked ticker looks whether its engine is gone (a thread
 /// lingering that long after its engine costs nothing).
@@ -26,6 +35,8 @@ pub(crate) struct EpochTicker {
     /// The latest deadline of any call armed so far, in nanoseconds since
     /// `start`.
     until: AtomicU64,
+    /// Ticks every `TICK` until then, in nanoseconds since `start`.
+    fast_until: AtomicU64,
     parked: AtomicBool,
     thread: OnceLock<Thread>,
     /// Epochs advanced, for tests.
@@ -38,6 +49,7 @@ impl EpochTicker {
         let ticker = Arc::new(EpochTicker {
             start: Instant::now(),
             until: AtomicU64::new(0),
+            fast_until: AtomicU64::new(0),
             parked: AtomicBool::new(false),
             thread: OnceLock::new(),
             ticks: AtomicU64::new(0),
@@ -50,7 +62,7 @@ impl EpochTicker {
                     engine.increment_epoch();
                     drop(engine);
                     this.ticks.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(TICK);
+                    std::thread::sleep(this.period());
                     this.park_while_no_call_runs();
                 }
             })
@@ -72,10 +84,23 @@ impl EpochTicker {
         }
     }
 
-    /// Parks once two ticks have passed since the latest deadline: every
-    /// call still running then has seen a tick past its deadline, and trapped.
+    /// A call into a guest has seen a second tick, so it has run through a
+    /// whole tick: ticks every `TICK` while it may still run (it says so
+    /// again at each tick), so it yields to tokio that often.
+    pub fn call_runs_long(&self) {
+        self.fast_until.fetch_max(self.nanos(Instant::now() + 2 * SLOW_TICK), Ordering::Relaxed);
+    }
+
+    fn period(&self) -> Duration {
+        let fast = self.nanos(Instant::now()) < self.fast_until.load(Ordering::Relaxed);
+        if fast { TICK } else { SLOW_TICK }
+    }
+
+    /// Parks once two slow ticks have passed since the latest deadline:
+    /// every call still running then has seen a tick past its deadline, and
+    /// trapped.
     fn park_while_no_call_runs(&self) {
-        let idle = || self.nanos(Instant::now()) > self.until.load(Ordering::SeqCst) + 2 * TICK.as_nanos() as u64;
+        let idle = || self.nanos(Instant::now()) > self.until.load(Ordering::SeqCst) + 2 * SLOW_TICK.as_nanos() as u64;
         if !idle() {
             return;
         }
@@ -109,13 +134,24 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert!(ticker.ticks() <= parked_at + 1, "ticked while no call was armed: {parked_at} → {}", ticker.ticks());
 
-        ticker.keep_ticking_until(Instant::now() + Duration::from_millis(200));
+        ticker.keep_ticking_until(Instant::now() + Duration::from_millis(400));
         std::thread::sleep(Duration::from_millis(100));
-        let running = ticker.ticks() - parked_at;
-        // 1 ms ticks: about 100, far fewer on a busy machine, but not 1.
-        assert!(running >= 5, "{running} ticks in 100 ms with a call armed");
+        let slow = ticker.ticks() - parked_at;
+        // 10 ms ticks: at most 11 (a sleep is never short), fewer on a busy
+        // machine, but not 1.
+        assert!((3..=11).contains(&slow), "{slow} ticks in 100 ms with a call armed");
 
-        std::thread::sleep(Duration::from_millis(200));
+        let at = ticker.ticks();
+        for _ in 0..10 {
+            ticker.call_runs_long();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let fast = ticker.ticks() - at;
+        // 1 ms ticks: about 100, far fewer on a busy machine, but more
+        // than 10 ms ticks could be.
+        assert!(fast >= 20, "{fast} ticks in 100 ms with a call running long");
+
+        std::thread::sleep(Duration::from_millis(400));
         let after = ticker.ticks();
         std::thread::sleep(Duration::from_millis(100));
         assert!(ticker.ticks() <= after + 1, "ticked past the deadline: {after} → {}", ticker.ticks());

@@ -25,6 +25,8 @@ pub(crate) struct PluginState {
     pub memory: MemoryLimiter,
     /// When the current call into the guest must have returned.
     pub deadline: Instant,
+    /// Whether the current call has seen a tick of the epoch.
+    pub ticked: bool,
     log_rate: Arc<RateLimit>,
     tokens: TokenCounter,
     /// Must tick while this store's guest runs.
@@ -51,6 +53,7 @@ impl PluginState {
             plugin,
             memory: MemoryLimiter::new(max_memory_bytes, budget),
             deadline: Instant::now(),
+            ticked: false,
             log_rate,
             tokens,
             wasi: WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build(),

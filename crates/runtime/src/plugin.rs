@@ -162,13 +162,18 @@ impl PluginModule {
         store.limiter(|state| &mut state.memory);
         // Every epoch tick past the deadline's start, yield to tokio so a
         // busy guest cannot hog a worker thread; once the deadline has
-        // passed, trap.
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Err(wasmtime::Error::new(DeadlineExceeded))
-            } else {
-                Ok(UpdateDeadline::Yield(1))
+        // passed, trap. A call that sees a second tick has run through a
+        // whole one: the epoch ticks fast while it runs.
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            if Instant::now() >= state.deadline {
+                return Err(wasmtime::Error::new(DeadlineExceeded));
             }
+            if state.ticked {
+                state.ticker.call_runs_long();
+            }
+            state.ticked = true;
+            Ok(UpdateDeadline::Yield(1))
         });
         store
     }
