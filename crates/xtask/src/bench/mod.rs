@@ -108,6 +108,10 @@ pub struct Args {
     /// The core oha and the upstream are pinned to.
     #[arg(long, default_value_t = 1)]
     load_core: u32,
+    /// The sluice binary to measure instead of this tree's release build,
+    /// for an A/B of two builds in turns (a copy of each, outside target/).
+    #[arg(long)]
+    sluice_binary: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -128,7 +132,7 @@ pub fn main(mut args: Args) -> Result<()> {
         bail!("--rounds, --rates and --routes need at least one value");
     }
     let systems = selected_systems(&args.systems)?;
-    let tools = setup::prepare()?;
+    let tools = setup::prepare(args.sluice_binary.as_deref())?;
     let command_line = format!("cargo xtask bench {}", std::env::args().skip(2).collect::<Vec<_>>().join(" "));
     let load_before = fs::read_to_string("/proc/loadavg").unwrap_or_default();
 

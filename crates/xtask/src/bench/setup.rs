@@ -44,7 +44,9 @@ pub struct Tools {
     pub versions: Vec<(String, String)>,
 }
 
-pub fn prepare() -> Result<Tools> {
+/// Sets everything up; `sluice` is the binary under test if given (an A/B
+/// of two builds), else the release build of this tree.
+pub fn prepare(sluice: Option<&Path>) -> Result<Tools> {
     step("Setup: oha, nginx, Envoy, LiteLLM, the proxy-wasm filter, the plugins and sluice (release)");
     ensure_oha()?;
     toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
@@ -53,10 +55,15 @@ pub fn prepare() -> Result<Tools> {
     let envoy = ensure_envoy()?;
     let litellm = ensure_litellm()?;
     let proxy_wasm_filter = build_filter()?;
-    step("Building the sluice binary (release)");
-    run(cargo().args(["build", "--release", "--package", "sluice"]))?;
+    let sluice = match sluice {
+        Some(binary) => absolute(binary)?,
+        None => {
+            step("Building the sluice binary (release)");
+            run(cargo().args(["build", "--release", "--package", "sluice"]))?;
+            absolute(&sluice_binary("release"))?
+        }
+    };
 
-    let sluice = absolute(&sluice_binary("release"))?;
     let nginx =
         PathBuf::from(output(Command::new("sh").args(["-c", "command -v nginx || echo /usr/sbin/nginx"]))?.trim());
     let versions = vec![
