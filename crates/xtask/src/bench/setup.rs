@@ -46,7 +46,7 @@ pub struct Tools {
 
 /// Sets everything up; `sluice` is the binary under test if given (an A/B
 /// of two builds), else the release build of this tree.
-pub fn prepare(sluice: Option<&Path>) -> Result<Tools> {
+pub fn prepare(given: Option<&Path>) -> Result<Tools> {
     step("Setup: oha, nginx, Envoy, LiteLLM, the proxy-wasm filter, the plugins and sluice (release)");
     ensure_oha()?;
     toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
@@ -55,7 +55,7 @@ pub fn prepare(sluice: Option<&Path>) -> Result<Tools> {
     let envoy = ensure_envoy()?;
     let litellm = ensure_litellm()?;
     let proxy_wasm_filter = build_filter()?;
-    let sluice = match sluice {
+    let sluice = match given {
         Some(binary) => absolute(binary)?,
         None => {
             step("Building the sluice binary (release)");
@@ -67,7 +67,8 @@ pub fn prepare(sluice: Option<&Path>) -> Result<Tools> {
     let nginx =
         PathBuf::from(output(Command::new("sh").args(["-c", "command -v nginx || echo /usr/sbin/nginx"]))?.trim());
     let versions = vec![
-        ("sluice".into(), sluice_revision()),
+        // A given build is not this tree's revision.
+        ("sluice".into(), given.map_or_else(sluice_revision, |_| format!("{} (given)", sluice.display()))),
         ("rustc".into(), first_line(&output(Command::new("rustc").arg("--version"))?)),
         ("oha".into(), first_line(&output(Command::new("oha").arg("--version"))?)),
         ("nginx".into(), first_line(&stdout_and_stderr(Command::new(&nginx).arg("-v"))?)),
