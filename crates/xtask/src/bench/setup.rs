@@ -44,8 +44,8 @@ pub struct Tools {
     pub versions: Vec<(String, String)>,
 }
 
-/// Sets everything up; `sluice` is the binary under test if given (an A/B
-/// of two builds), else the release build of this tree.
+/// Sets everything up; the sluice binary under test is `given` (an A/B of
+/// two builds), else the release build of this tree.
 pub fn prepare(given: Option<&Path>) -> Result<Tools> {
     step("Setup: oha, nginx, Envoy, LiteLLM, the proxy-wasm filter, the plugins and sluice (release)");
     ensure_oha()?;
