@@ -62,6 +62,8 @@ Created {PLUGINS_DIR}/{name}: Cargo.toml, README.md and src/lib.rs, which sets t
 request header `x-{name}` to its config's `value`. Next:
 
   cargo test --manifest-path plugins/Cargo.toml -p {name}
+  cargo xtask plugins
+    # -> plugins/dist/{name}.wasm (and every other plugin and example), or by hand:
   cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml -p {name}
     # -> plugins/target/wasm32-wasip2/release/{lib_name}.wasm
 
@@ -138,8 +140,9 @@ rust-version.workspace = true
 license.workspace = true
 publish.workspace = true
 
-# A component for wasm32-wasip2 (`cargo build --target wasm32-wasip2`); the
-# unit tests build natively.
+# A core module for wasm32-unknown-unknown, which `cargo xtask plugins` makes
+# a component (or a component straight from `--target wasm32-wasip2`, which
+# instantiates slower); the unit tests build natively.
 [lib]
 crate-type = ["cdylib"]
 

@@ -3,6 +3,12 @@
 //! load them.
 //!
 //! - First-party plugins (the plugins/ workspace) become `<package>.wasm`.
+//!   They are built for wasm32-unknown-unknown and made components here:
+//!   they use nothing but the host interface, and without the WASI that
+//!   Rust's wasip2 std imports, a fresh instance costs a quarter to a third
+//!   less (fewer core instances and imports to resolve; README, "What one
+//!   plugin costs"). A package that uses WASI on purpose says so with
+//!   `[package.metadata.sluice] wasi = true` and is built for wasm32-wasip2.
 //! - The decorator-lite examples in plugins/examples/{rust,python,js,c}
 //!   become `example-<language>.wasm`. The Python, JavaScript and C builds
 //!   are skipped when a hash of their inputs (sources, WIT, tool versions)
@@ -26,59 +32,90 @@ const WIT: &str = "wit";
 const EXAMPLES: &str = "plugins/examples";
 
 pub fn build() -> Result<()> {
-    toolchain::ensure_wasm_target()?;
+    toolchain::ensure_wasm_targets(&[toolchain::CORE_WASM_TARGET, toolchain::WASM_TARGET])?;
     let tools = toolchain::guest_tools()?;
     let target_dir = build_first_party(&[])?;
     build_examples(&tools, &target_dir)
 }
 
-/// Builds only the named first-party plugins (Rust, so the wasm target is
-/// all they need) and publishes them: what the quickstart serves.
+/// Builds only the named first-party plugins (Rust, so the wasm targets
+/// are all they need) and publishes them: what the quickstart serves.
 pub fn build_only(packages: &[&str]) -> Result<()> {
-    toolchain::ensure_wasm_target()?;
+    toolchain::ensure_wasm_targets(&[toolchain::CORE_WASM_TARGET, toolchain::WASM_TARGET])?;
     build_first_party(packages).map(drop)
 }
 
-/// Builds the plugins/ workspace (or only `packages`, if any are named) and
-/// publishes each cdylib built; returns the workspace's target directory.
-fn build_first_party(packages: &[&str]) -> Result<PathBuf> {
-    step("Building the plugins (plugins/)");
-    let mut build = cargo();
-    build.args(["build", "--release", "--target", toolchain::WASM_TARGET, "--manifest-path", MANIFEST]);
-    if packages.is_empty() {
-        build.arg("--workspace");
-    }
-    for package in packages {
-        build.args(["--package", package]);
-    }
-    run(&mut build)?;
+/// A plugin of the plugins/ workspace.
+struct FirstParty {
+    name: String,
+    /// The file stem of its cdylib.
+    lib_name: String,
+    /// Built for wasm32-wasip2 as a component, rather than as a core module.
+    wasi: bool,
+}
 
+impl FirstParty {
+    fn target(&self) -> &'static str {
+        if self.wasi { toolchain::WASM_TARGET } else { toolchain::CORE_WASM_TARGET }
+    }
+}
+
+/// Builds the plugins/ workspace's plugins (or only `packages`, if any are
+/// named) and publishes each; returns the workspace's target directory.
+fn build_first_party(packages: &[&str]) -> Result<PathBuf> {
     let metadata = cargo_metadata(MANIFEST)?;
     let target_dir =
         PathBuf::from(metadata["target_directory"].as_str().context("cargo metadata has no target_directory")?);
-    let release_dir = target_dir.join(toolchain::WASM_TARGET).join("release");
-
-    step(&format!("Copying plugins to {DIST}/"));
-    fs::create_dir_all(DIST).with_context(|| format!("cannot create {DIST}"))?;
-    let mut copied = 0;
+    let mut plugins = Vec::new();
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let Some(lib_name) = cdylib_name(package) else {
             continue;
         };
-        let name = package["name"].as_str().context("package without a name")?;
-        if !packages.is_empty() && !packages.contains(&name) {
-            continue;
+        let name = package["name"].as_str().context("package without a name")?.to_string();
+        if packages.is_empty() || packages.contains(&name.as_str()) {
+            let wasi = package["metadata"]["sluice"]["wasi"].as_bool().unwrap_or(false);
+            plugins.push(FirstParty { name, lib_name, wasi });
         }
-        let built = release_dir.join(format!("{lib_name}.wasm"));
-        let dest = Path::new(DIST).join(format!("{name}.wasm"));
-        let changed = publish(&built, &dest)?;
-        report(&dest, if changed { "updated" } else { "" })?;
-        copied += 1;
     }
-    if copied == 0 {
-        bail!("{MANIFEST} has no cdylib packages: nothing to copy");
+    if plugins.is_empty() {
+        bail!("{MANIFEST} has no cdylib packages named {packages:?}: nothing to build");
+    }
+
+    step("Building the plugins (plugins/)");
+    for target in [toolchain::CORE_WASM_TARGET, toolchain::WASM_TARGET] {
+        let mut build = cargo();
+        build.args(["build", "--release", "--target", target, "--manifest-path", MANIFEST]);
+        let mut any = false;
+        for plugin in plugins.iter().filter(|plugin| plugin.target() == target) {
+            build.args(["--package", &plugin.name]);
+            any = true;
+        }
+        if any {
+            run(&mut build)?;
+        }
+    }
+
+    step(&format!("Publishing plugins to {DIST}/"));
+    fs::create_dir_all(DIST).with_context(|| format!("cannot create {DIST}"))?;
+    for plugin in &plugins {
+        let built = target_dir.join(plugin.target()).join("release").join(format!("{}.wasm", plugin.lib_name));
+        let bytes = fs::read(&built).with_context(|| format!("cannot read {}", built.display()))?;
+        let component = if plugin.wasi {
+            bytes
+        } else {
+            componentize(&bytes).with_context(|| format!("cannot make {} a component", built.display()))?
+        };
+        let dest = Path::new(DIST).join(format!("{}.wasm", plugin.name));
+        let changed = publish(&component, &dest)?;
+        report(&dest, if changed { "updated" } else { "" })?;
     }
     Ok(target_dir)
+}
+
+/// The component of a core module that wit-bindgen built: its imports and
+/// exports are described in the module's `component-type` custom section.
+fn componentize(module: &[u8]) -> Result<Vec<u8>> {
+    wit_component::ComponentEncoder::default().module(module)?.validate(true).encode()
 }
 
 /// Builds the four decorator-lite examples. The Rust one shares the guest
@@ -93,7 +130,7 @@ fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
         .arg(target_dir))?;
     let built = target_dir.join(toolchain::WASM_TARGET).join("release/example_decorator_lite.wasm");
     let rust = Path::new(DIST).join("example-rust.wasm");
-    let changed = publish(&built, &rust)?;
+    let changed = publish(&fs::read(&built).with_context(|| format!("cannot read {}", built.display()))?, &rust)?;
 
     let examples = [python_example(tools), js_example(), c_example(tools)?];
     let results: Vec<Result<&'static str>> = thread::scope(|scope| {
@@ -262,16 +299,15 @@ fn cdylib_name(package: &serde_json::Value) -> Option<String> {
     Some(target["name"].as_str()?.replace('-', "_"))
 }
 
-/// Copies `built` to `dest` unless `dest` already has the same bytes, so an
-/// unchanged plugin keeps its mtime. Returns whether it copied.
-fn publish(built: &Path, dest: &Path) -> Result<bool> {
-    let bytes = fs::read(built).with_context(|| format!("cannot read {}", built.display()))?;
+/// Writes `bytes` to `dest` unless `dest` already has them, so an
+/// unchanged plugin keeps its mtime. Returns whether it wrote.
+fn publish(bytes: &[u8], dest: &Path) -> Result<bool> {
     if fs::read(dest).is_ok_and(|current| current == bytes) {
         return Ok(false);
     }
     // Write then rename: a running gateway never sees a half-written module.
     let partial = PathBuf::from(format!("{}.partial", dest.display()));
-    fs::write(&partial, &bytes).with_context(|| format!("cannot write {}", partial.display()))?;
+    fs::write(&partial, bytes).with_context(|| format!("cannot write {}", partial.display()))?;
     fs::rename(&partial, dest).with_context(|| format!("cannot replace {}", dest.display()))?;
     Ok(true)
 }

@@ -35,7 +35,7 @@ pub struct Args {
 const PLUGINS: &[&str] = &["add-header", "deny"];
 
 pub fn main(args: Args) -> Result<()> {
-    step("Plugins: add-header and deny, for wasm32-wasip2 (about 30 s the first time)");
+    step("Plugins: add-header and deny, as components without WASI (about 30 s the first time)");
     plugins::build_only(PLUGINS)?;
     // The very build `cargo xtask test` runs: the same feature set, so
     // either command reuses what the other compiled.

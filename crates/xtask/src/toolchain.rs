@@ -24,8 +24,13 @@ use sha2::{Digest, Sha256};
 
 use crate::{cargo, display, output, run, step, target_dir};
 
-/// The target the plugins are built for.
+/// The target of guests that use WASI: the examples, and first-party
+/// plugins that say so (`[package.metadata.sluice] wasi = true`).
 pub const WASM_TARGET: &str = "wasm32-wasip2";
+
+/// The target of the other first-party plugins: a core module, which
+/// `cargo xtask plugins` makes a component (see `plugins::componentize`).
+pub const CORE_WASM_TARGET: &str = "wasm32-unknown-unknown";
 
 /// Debian packages that build the C example: clang and lld for wasm32,
 /// wasi-libc, the wasm32 compiler runtime, jsmn (a header-only JSON
@@ -57,14 +62,17 @@ pub const JS_EXAMPLE_DIR: &str = "plugins/examples/js";
 /// The environment variable that gives the tests the tools venv.
 pub const TOOLS_VENV_ENV: &str = "SLUICE_TOOLS_VENV";
 
-/// Adds the wasm target to the active toolchain unless it is already there.
-pub fn ensure_wasm_target() -> Result<()> {
+/// Adds these targets to the active toolchain unless they are already there.
+pub fn ensure_wasm_targets(targets: &[&str]) -> Result<()> {
     let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
-    if installed.lines().any(|line| line.trim() == WASM_TARGET) {
-        println!("rustup target {WASM_TARGET}: installed");
-        return Ok(());
+    for target in targets {
+        if installed.lines().any(|line| line.trim() == *target) {
+            println!("rustup target {target}: installed");
+        } else {
+            run(Command::new("rustup").args(["target", "add", target]))?;
+        }
     }
-    run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
+    Ok(())
 }
 
 /// The venv with [`PYTHON_TOOLS`]: `target/tools/venv`.

@@ -155,10 +155,7 @@ fn ensure_litellm() -> Result<PathBuf> {
 /// Builds the proxy-wasm filter (its own workspace) into target/bench/.
 fn build_filter() -> Result<PathBuf> {
     step("Building the proxy-wasm filter (tests/bench/proxy-wasm-filter)");
-    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
-    if !installed.lines().any(|line| line.trim() == FILTER_TARGET) {
-        run(Command::new("rustup").args(["target", "add", FILTER_TARGET]))?;
-    }
+    toolchain::ensure_wasm_targets(&[FILTER_TARGET])?;
     let target = target_dir().join("bench").join("proxy-wasm-filter");
     run(cargo()
         .args(["build", "--release", "--locked", "--target", FILTER_TARGET, "--manifest-path", FILTER_MANIFEST])
