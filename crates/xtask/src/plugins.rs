@@ -5,9 +5,9 @@
 //! - First-party plugins (the plugins/ workspace) become `<package>.wasm`.
 //!   They are built for wasm32-unknown-unknown and made components here:
 //!   they use nothing but the host interface, and without the WASI that
-//!   Rust's wasip2 std imports, a fresh instance costs a quarter to a third
-//!   less (fewer core instances and imports to resolve; README, "What one
-//!   plugin costs"). A package that uses WASI on purpose says so with
+//!   Rust's wasip2 std imports, a fresh instance's p99 is about a quarter
+//!   lower (6 core instances to make instead of 20; README, "What one
+//!   plugin costs, alone"). A package that needs WASI says so with
 //!   `[package.metadata.sluice] wasi = true` and is built for wasm32-wasip2.
 //! - The decorator-lite examples in plugins/examples/{rust,python,js,c}
 //!   become `example-<language>.wasm`. The Python, JavaScript and C builds
