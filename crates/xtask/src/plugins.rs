@@ -78,7 +78,10 @@ fn build_first_party(packages: &[&str]) -> Result<PathBuf> {
         }
     }
     if plugins.is_empty() {
-        bail!("{MANIFEST} has no cdylib packages named {packages:?}: nothing to build");
+        bail!("{MANIFEST} has no cdylib packages: nothing to build");
+    }
+    if let Some(missing) = packages.iter().find(|name| !plugins.iter().any(|plugin| plugin.name == **name)) {
+        bail!("{MANIFEST} has no plugin (cdylib package) named {missing}");
     }
 
     step("Building the plugins (plugins/)");
