@@ -283,9 +283,12 @@ impl Bench<'_> {
         if warmup.failed > 0 {
             println!("  warm-up: {} of {} requests failed", warmup.failed, warmup.total());
         }
-        let mut fixed = Vec::new();
+        let (mut fixed, mut fixed_cpu_seconds) = (Vec::new(), Vec::new());
         for &rate in &self.args.rates {
+            let before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
             fixed.push(self.oha(&url, Load::fixed(rate, self.args.connections, &self.args.duration))?);
+            let after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+            fixed_cpu_seconds.push(before.zip(after).map(|(before, after)| after - before));
         }
 
         let cpu_before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
@@ -297,6 +300,7 @@ impl Bench<'_> {
         gateway.check_alive()?;
         Ok(RoundResult {
             fixed,
+            fixed_cpu_seconds,
             saturation,
             cpu_seconds: cpu_before.zip(cpu_after).map(|(before, after)| after - before),
             idle_cpu_seconds: idle_before.zip(idle_after).map(|(before, after)| after - before),

@@ -12,6 +12,8 @@ use super::systems::{DIRECT, RATIO_BASE, System};
 pub struct RoundResult {
     /// One per rate, in the order of `--rates`.
     pub fixed: Vec<Measurement>,
+    /// CPU time of the system's process tree during each fixed-rate run.
+    pub fixed_cpu_seconds: Vec<Option<f64>>,
     pub saturation: Measurement,
     /// CPU time of the system's process tree during the saturation run
     /// (`None` for direct, which has no process of its own).
@@ -28,6 +30,22 @@ impl RoundResult {
     /// CPU time per successful request of the saturation run, in seconds.
     fn cpu_per_request(&self) -> Option<f64> {
         self.cpu_seconds.filter(|_| self.saturation.ok > 0).map(|cpu| cpu / self.saturation.ok as f64)
+    }
+
+    /// CPU time per successful request of the run at the fixed rate
+    /// `rate_index`, in seconds. Every system answers the same requests at
+    /// the same pace there; at saturation a system that is not the
+    /// bottleneck (a fast one, with oha and the upstream sharing the other
+    /// core) does less work per wake-up and so more per request.
+    fn cpu_per_request_at(&self, rate_index: usize) -> Option<f64> {
+        let ok = self.fixed.get(rate_index)?.ok;
+        self.fixed_cpu_seconds.get(rate_index).copied().flatten().filter(|_| ok > 0).map(|cpu| cpu / ok as f64)
+    }
+
+    /// The share of a core the system used during the saturation run: under
+    /// 100%, it was not the bottleneck.
+    fn busy_at_saturation(&self) -> Option<f64> {
+        self.cpu_seconds.filter(|_| self.saturation.seconds > 0.0).map(|cpu| cpu / self.saturation.seconds)
     }
 
     fn runs(&self) -> impl Iterator<Item = &Measurement> {
@@ -111,7 +129,10 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         out,
         "- CPU per request: utime + stime of the system's process tree (threads and children included) over the \
          saturation run, divided by the 200s it served; median (min–max) over rounds; ratio to `{RATIO_BASE}`. \
-         Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
+         Busy at saturation: that CPU time over the run's length; under 100% the system was not the \
+         bottleneck (oha and the upstream share the other core), and its CPU per request there comes out \
+         higher than when it is. So the same figure is also given over the run at the highest fixed rate, where \
+         every system answers the same requests at the same pace. Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
          rounds. RSS: the tree's VmRSS after the saturation run, the largest over rounds. Streams: after the \
          load, {STREAMS} streaming requests one at a time, answered by the echo upstream with \
          {STREAM_CHUNKS} chunks 20 ms apart; the time to the first `data:` event over direct's, in ms.",
@@ -133,12 +154,23 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     }
     header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
     header.push_str(RATIO_BASE);
-    header.push_str(" | idle CPU (% of a core) | RSS (MiB) | added time to first event p50 / p99 (ms) |");
-    rule.push_str("---:|---:|---:|---:|---:|---:|");
+    header.push_str(" | busy at saturation (% of a core) |");
+    // The same figures at the highest fixed rate, where every system does
+    // the same work at the same pace.
+    let top_rate = facts.rates.iter().enumerate().max_by_key(|(_, rate)| **rate);
+    if let Some((_, rate)) = top_rate {
+        let _ = write!(header, " CPU per request at {rate}/s (µs) | × {RATIO_BASE} at {rate}/s |");
+        rule.push_str("---:|---:|");
+    }
+    header.push_str(" idle CPU (% of a core) | RSS (MiB) | added time to first event p50 / p99 (ms) |");
+    rule.push_str("---:|---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(out, "{header}\n{rule}");
 
     let direct = results.iter().find(|r| r.system.name == DIRECT);
-    let base_cpu = results.iter().find(|r| r.system.name == RATIO_BASE).and_then(cpu_per_request);
+    let base = results.iter().find(|r| r.system.name == RATIO_BASE);
+    let base_cpu = base.and_then(cpu_per_request);
+    let top_index = top_rate.map(|(index, _)| index);
+    let base_cpu_at_top = base.zip(top_index).and_then(|(base, index)| cpu_per_request_at(base, index));
     for result in results {
         let failed: u64 = result.rounds.iter().flat_map(RoundResult::runs).map(|m| m.failed).sum();
         let sent: u64 = result.rounds.iter().flat_map(RoundResult::runs).map(Measurement::total).sum();
@@ -147,23 +179,26 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
             let _ = write!(out, " {} |", latency_cell(result, direct, rate_index));
         }
         let throughput = median(result.rounds.iter().map(|r| Some(r.saturation.ok_per_second())));
-        let cpu: Vec<Option<f64>> = result.rounds.iter().map(RoundResult::cpu_per_request).collect();
-        let cpu_cell = match (median(cpu.iter().copied()), min_max(&cpu)) {
-            (Some(median), Some((min, max))) if result.rounds.len() > 1 => {
-                format!("{:.1} ({:.1}–{:.1})", median * 1e6, min * 1e6, max * 1e6)
-            }
-            (Some(median), _) => format!("{:.1}", median * 1e6),
-            _ => "—".into(),
-        };
+        let cpu_cell = micros_cell(result.rounds.iter().map(RoundResult::cpu_per_request).collect());
         let ratio =
             cpu_per_request(result).zip(base_cpu).map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
+        let busy = median(result.rounds.iter().map(RoundResult::busy_at_saturation));
+        let busy = busy.map_or("—".into(), |share| format!("{:.0}", share * 100.0));
+        let mut at_top = String::new();
+        if let Some(index) = top_index {
+            let cpu = micros_cell(result.rounds.iter().map(|r| r.cpu_per_request_at(index)).collect());
+            let ratio = cpu_per_request_at(result, index)
+                .zip(base_cpu_at_top)
+                .map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
+            let _ = write!(at_top, " {cpu} | {ratio} |");
+        }
         let idle = median(result.rounds.iter().map(|r| r.idle_cpu_seconds));
         let idle = idle.map_or("—".into(), |cpu| format!("{:.2}", cpu / facts.idle.as_secs_f64() * 100.0));
         let rss = result.rounds.iter().filter_map(|r| r.rss_bytes).max();
         let rss = rss.map_or("—".into(), |bytes| format!("{:.1}", bytes as f64 / (1024.0 * 1024.0)));
         let throughput = throughput.map_or("—".into(), |t| format!("{t:.0}"));
         let ttft = stream_cell(result, direct);
-        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {idle} | {rss} | {ttft} |");
+        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {busy} |{at_top} {idle} | {rss} | {ttft} |");
     }
 
     for result in results {
@@ -213,6 +248,22 @@ fn latency_cell(result: &SystemResults, direct: Option<&SystemResults>, rate_ind
 
 fn cpu_per_request(result: &SystemResults) -> Option<f64> {
     median(result.rounds.iter().map(RoundResult::cpu_per_request))
+}
+
+fn cpu_per_request_at(result: &SystemResults, rate_index: usize) -> Option<f64> {
+    median(result.rounds.iter().map(|r| r.cpu_per_request_at(rate_index)))
+}
+
+/// A per-round figure in seconds as µs: the median, and with several
+/// rounds the least and most in brackets.
+fn micros_cell(values: Vec<Option<f64>>) -> String {
+    match (median(values.iter().copied()), min_max(&values)) {
+        (Some(median), Some((min, max))) if values.len() > 1 => {
+            format!("{:.1} ({:.1}–{:.1})", median * 1e6, min * 1e6, max * 1e6)
+        }
+        (Some(median), _) => format!("{:.1}", median * 1e6),
+        _ => "—".into(),
+    }
 }
 
 /// The median, or `None` if any value is missing (a figure from some rounds
