@@ -265,6 +265,15 @@ struct Bench<'a> {
     upstream: SocketAddr,
 }
 
+/// What `work` returns, and the CPU time the system's process tree spent
+/// meanwhile (`None` for direct, which has no process of its own).
+fn cpu_during<T>(gateway: &systems::Started, work: impl FnOnce() -> Result<T>) -> Result<(T, Option<f64>)> {
+    let before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+    let done = work()?;
+    let after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+    Ok((done, before.zip(after).map(|(before, after)| after - before)))
+}
+
 impl Bench<'_> {
     /// Starts `system` fresh, checks it, and measures it.
     fn measure(&self, system: &System, dir: &Path) -> Result<RoundResult> {
@@ -273,9 +282,10 @@ impl Bench<'_> {
         wait_for_snapshots(system, &mut gateway)?;
         check_work(system, &self.body.json, &gateway)?;
         // Served and checked, then left alone: what it costs doing nothing.
-        let idle_before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
-        std::thread::sleep(IDLE);
-        let idle_after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+        let ((), idle_cpu_seconds) = cpu_during(&gateway, || {
+            std::thread::sleep(IDLE);
+            Ok(())
+        })?;
 
         let url = format!("http://{}/v1/chat/completions", gateway.addr);
         let max_rate = self.args.rates.iter().copied().max().unwrap_or(500);
@@ -285,28 +295,18 @@ impl Bench<'_> {
         }
         let (mut fixed, mut fixed_cpu_seconds) = (Vec::new(), Vec::new());
         for &rate in &self.args.rates {
-            let before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
-            fixed.push(self.oha(&url, Load::fixed(rate, self.args.connections, &self.args.duration))?);
-            let after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
-            fixed_cpu_seconds.push(before.zip(after).map(|(before, after)| after - before));
+            let load = Load::fixed(rate, self.args.connections, &self.args.duration);
+            let (measured, cpu) = cpu_during(&gateway, || self.oha(&url, load))?;
+            fixed.push(measured);
+            fixed_cpu_seconds.push(cpu);
         }
 
-        let cpu_before = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
-        let saturation =
-            self.oha(&url, Load::closed(self.args.saturation_connections, &self.args.saturation_duration))?;
-        let cpu_after = gateway.pid().map(procfs::tree_cpu_seconds).transpose()?;
+        let load = Load::closed(self.args.saturation_connections, &self.args.saturation_duration);
+        let (saturation, cpu_seconds) = cpu_during(&gateway, || self.oha(&url, load))?;
         let rss_bytes = gateway.pid().map(procfs::tree_rss_bytes).transpose()?;
         let streams = self.stream_probe(&gateway)?;
         gateway.check_alive()?;
-        Ok(RoundResult {
-            fixed,
-            fixed_cpu_seconds,
-            saturation,
-            cpu_seconds: cpu_before.zip(cpu_after).map(|(before, after)| after - before),
-            idle_cpu_seconds: idle_before.zip(idle_after).map(|(before, after)| after - before),
-            rss_bytes,
-            streams,
-        })
+        Ok(RoundResult { fixed, fixed_cpu_seconds, saturation, cpu_seconds, idle_cpu_seconds, rss_bytes, streams })
     }
 
     /// Streams, one after another, from the echo upstream (a few chunks
