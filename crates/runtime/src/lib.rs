@@ -17,6 +17,7 @@
 mod background;
 mod bindings;
 mod compiler;
+mod crypto;
 mod deadline;
 mod epoch;
 mod guest_log;
