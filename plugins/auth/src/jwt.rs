@@ -1,21 +1,22 @@
 //! JWT verification against an inline JWKS.
 //!
-//! Each key is bound to one algorithm when the config loads: the JWK's `alg`,
-//! or the one its type implies (`oct` HS256, `RSA` RS256, `EC` P-256 ES256 /
-//! P-384 ES384, `OKP` EdDSA). A token is only checked with keys bound to the
-//! algorithm its header names, so `alg: none` and HS/RS confusion (an HS256
-//! token "signed" with an RSA public key) find no key and fail. Time claims
-//! are checked against the gateway's clock, not the guest's.
+//! Each key is bound to one algorithm when the config loads (`jwk.rs`): the
+//! JWK's `alg`, or the one its type implies (`oct` HS256, `RSA` RS256, `EC`
+//! P-256 ES256 / P-384 ES384, `OKP` EdDSA). A token is only checked with
+//! keys bound to the algorithm its header names, so `alg: none` and HS/RS
+//! confusion (an HS256 token "signed" with an RSA public key) find no key
+//! and fail. Time claims are checked against the gateway's clock, not the
+//! guest's.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use sluice_plugin_sdk::host;
+
+use crate::jwk::{Alg, Key};
 
 pub type Claims = Map<String, Value>;
 
@@ -82,12 +83,6 @@ impl OneOrMany {
     }
 }
 
-struct Key {
-    kid: Option<String>,
-    alg: Algorithm,
-    key: DecodingKey,
-}
-
 pub struct JwtVerifier {
     keys: Vec<Key>,
     issuers: Vec<String>,
@@ -118,7 +113,7 @@ impl JwtVerifier {
             .keys
             .into_iter()
             .enumerate()
-            .map(|(i, key)| load_key(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
+            .map(|(i, key)| Key::from_jwk(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
             .collect::<Result<_, _>>()?;
         let mut claim_headers: Vec<(String, String)> = Vec::new();
         for (header, claim) in config.claim_headers {
@@ -145,12 +140,21 @@ impl JwtVerifier {
     /// The token's claims, if its signature, time window, issuer and
     /// audience are all good; otherwise why not.
     pub fn verify(&self, token: &str) -> Result<Claims, String> {
-        let header = token_header(token)?;
+        // JWS compact serialization: header.payload.signature, the
+        // signature over the first two as sent.
+        let (signed, signature) = token.rsplit_once('.').ok_or("malformed token")?;
+        let (header, payload) = signed.split_once('.').ok_or("malformed token")?;
+        let header = token_header(header)?;
         let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
         if alg_name.eq_ignore_ascii_case("none") {
             return Err("unsigned tokens (alg none) are not accepted".into());
         }
-        let alg: Algorithm = alg_name.parse().map_err(|_| format!("unsupported token algorithm {alg_name:?}"))?;
+        // RFC 7515 §4.1.11: extensions the recipient must understand; this
+        // one understands none.
+        if header.contains_key("crit") {
+            return Err("token has critical header extensions (crit), which are not supported".into());
+        }
+        let alg = Alg::parse(alg_name).ok_or_else(|| format!("unsupported token algorithm {alg_name:?}"))?;
         let kid = header.get("kid").and_then(Value::as_str);
         let candidates: Vec<&Key> = self.keys.iter().filter(|k| kid.is_none() || k.kid.as_deref() == kid).collect();
         if candidates.is_empty() {
@@ -162,17 +166,15 @@ impl JwtVerifier {
         if candidates.is_empty() {
             return Err(format!("no key accepts {alg_name} tokens"));
         }
-        let mut validation = Validation::new(alg);
-        // Time, issuer and audience are checked below with the host's clock.
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
-        validation.required_spec_claims.clear();
-        let claims = candidates
-            .iter()
-            .find_map(|key| jsonwebtoken::decode::<Claims>(token, &key.key, &validation).ok())
-            .ok_or("invalid token signature")?
-            .claims;
+        let signature = URL_SAFE_NO_PAD.decode(signature).map_err(|_| "invalid token signature")?;
+        if !candidates.iter().any(|key| key.verify(signed.as_bytes(), &signature)) {
+            return Err("invalid token signature".into());
+        }
+        let claims: Claims = URL_SAFE_NO_PAD
+            .decode(payload)
+            .ok()
+            .and_then(|json| serde_json::from_slice(&json).ok())
+            .ok_or("malformed token payload")?;
         self.check_time(&claims)?;
         self.check_issuer_and_audience(&claims)?;
         Ok(claims)
@@ -290,44 +292,8 @@ pub fn header_name(name: &str) -> Result<String, String> {
     Ok(name.to_ascii_lowercase())
 }
 
-fn load_key(value: Value) -> Result<Key, String> {
-    // serde's message can quote the key's own fields: only its position is named.
-    let jwk: Jwk = serde_json::from_value(value).map_err(|e| {
-        format!("not a supported JWK ({:?} error at line {}, column {})", e.classify(), e.line(), e.column())
-    })?;
-    if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
-        return Err("an encryption key (`use: enc`) cannot verify signatures".into());
-    }
-    let implied = match &jwk.algorithm {
-        AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
-        AlgorithmParameters::RSA(_) => Algorithm::RS256,
-        AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
-            EllipticCurve::P256 => Algorithm::ES256,
-            EllipticCurve::P384 => Algorithm::ES384,
-            ref other => return Err(format!("curve {other:?} is not supported")),
-        },
-        AlgorithmParameters::OctetKeyPair(_) => Algorithm::EdDSA,
-    };
-    let alg = match jwk.common.key_algorithm {
-        None => implied,
-        Some(declared) => {
-            let name = format!("{declared:?}");
-            let declared: Algorithm = name.parse().map_err(|_| format!("alg {name} is not a signature algorithm"))?;
-            let fits = declared.family() == implied.family()
-                && !matches!((&jwk.algorithm, declared), (AlgorithmParameters::EllipticCurve(_), d) if d != implied);
-            if !fits {
-                return Err(format!("alg {name} does not fit this key's type and curve"));
-            }
-            declared
-        }
-    };
-    let key = DecodingKey::from_jwk(&jwk).map_err(|e| format!("unusable key: {e}"))?;
-    Ok(Key { kid: jwk.common.key_id.clone(), alg, key })
-}
-
 /// The token's header as JSON, read before any key is chosen.
-fn token_header(token: &str) -> Result<Map<String, Value>, String> {
-    let encoded = token.split('.').next().unwrap_or_default();
+fn token_header(encoded: &str) -> Result<Map<String, Value>, String> {
     let bytes = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| "malformed token header".to_string())?;
     serde_json::from_slice(&bytes).map_err(|_| "malformed token header".to_string())
 }

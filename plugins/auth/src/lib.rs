@@ -12,6 +12,7 @@
 //! removes all of them from every request it lets through, however the client
 //! authenticated, and sets them only from the verified key or token.
 
+mod jwk;
 mod jwt;
 
 use std::collections::BTreeMap;

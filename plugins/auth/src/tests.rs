@@ -11,6 +11,8 @@ const JWKS: &str = include_str!("../testdata/jwks.json");
 const RSA_PRIVATE: &str = include_str!("../testdata/rsa-private.pem");
 const RSA_PUBLIC: &str = include_str!("../testdata/rsa-public.pem");
 const EC_PRIVATE: &str = include_str!("../testdata/ec-private.pem");
+const EC384_PRIVATE: &str = include_str!("../testdata/ec384-private.pem");
+const ED25519_PRIVATE: &str = include_str!("../testdata/ed25519-private.pem");
 const NOW: u64 = 1_800_000_000;
 /// "hunter2" hashed.
 const KEY_HASH: &str = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
@@ -111,6 +113,132 @@ fn valid_jwts_of_each_algorithm_pass_with_claims_mapped_to_headers() {
         assert_eq!(forwarded.get_header("x-groups"), Some("a,b"));
         assert_eq!(forwarded.get_header("authorization"), None, "the token is stripped");
     }
+}
+
+/// One key bound to each algorithm, signed with by jsonwebtoken: an
+/// independent implementation of the same RFCs.
+fn every_algorithm() -> (Value, Vec<(jsonwebtoken::Algorithm, EncodingKey)>) {
+    use jsonwebtoken::Algorithm::*;
+    let jwks: Value = serde_json::from_str(JWKS).unwrap();
+    let (rsa, ec256) = (&jwks["keys"][0], &jwks["keys"][1]);
+    let secret = [7u8; 64];
+    let mut keys = Vec::new();
+    let mut signers = Vec::new();
+    for alg in [RS256, RS384, RS512, PS256, PS384, PS512] {
+        keys.push(
+            json!({"kty": "RSA", "kid": format!("{alg:?}"), "alg": format!("{alg:?}"), "n": rsa["n"], "e": rsa["e"]}),
+        );
+        signers.push((alg, EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap()));
+    }
+    for alg in [HS256, HS384, HS512] {
+        keys.push(json!({"kty": "oct", "kid": format!("{alg:?}"), "alg": format!("{alg:?}"), "k": URL_SAFE_NO_PAD.encode(secret)}));
+        signers.push((alg, EncodingKey::from_secret(&secret)));
+    }
+    keys.push(json!({"kty": "EC", "kid": "ES256", "crv": "P-256", "x": ec256["x"], "y": ec256["y"]}));
+    signers.push((ES256, EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap()));
+    keys.push(json!({"kty": "EC", "kid": "ES384", "crv": "P-384",
+        "x": "n3Li5Nh95sJAbRLOWZ1WyhFYbWgKDGNquXt7cNHpbnS7nOCGPPp0lZb3nXO7FRFv",
+        "y": "-Xdnh-QX0QiQ7W-6qAzkhhmoOrX6SQMCqZ7GKfoC1dvALkXqXDqc4I1hCaUGgXLe"}));
+    signers.push((ES384, EncodingKey::from_ec_pem(EC384_PRIVATE.as_bytes()).unwrap()));
+    keys.push(
+        json!({"kty": "OKP", "kid": "EdDSA", "crv": "Ed25519", "x": "r8JIGm0ytDm3lIUYGcsps-gkdfQ2inWBMK8dA6SKwZo"}),
+    );
+    signers.push((EdDSA, EncodingKey::from_ed_pem(ED25519_PRIVATE.as_bytes()).unwrap()));
+    (json!({"jwt": {"jwks": {"keys": keys}}}), signers)
+}
+
+#[test]
+fn every_algorithm_verifies_an_independent_signer_and_refuses_a_changed_bit() {
+    let (config, signers) = every_algorithm();
+    let auth = auth(config);
+    assert_eq!(signers.len(), 12);
+    for (alg, key) in &signers {
+        let mut header = Header::new(*alg);
+        header.kid = Some(format!("{alg:?}"));
+        let token = jsonwebtoken::encode(&header, &claims(), key).unwrap();
+        let forwarded = call(&auth, "gpt", &bearer(&token)).unwrap_or_else(|e| panic!("{alg:?}: {e}"));
+        assert_eq!(forwarded.get_header("x-sluice-consumer"), Some("jwt:alice"), "{alg:?}");
+
+        // One bit of the signature, then one of the signed payload.
+        let (signed, signature) = token.rsplit_once('.').unwrap();
+        let mut signature = URL_SAFE_NO_PAD.decode(signature).unwrap();
+        signature[5] ^= 1;
+        let changed = format!("{signed}.{}", URL_SAFE_NO_PAD.encode(&signature));
+        assert_eq!(rejected(&auth, &bearer(&changed)).message, "invalid token signature", "{alg:?}");
+        let (head, rest) = token.split_once('.').unwrap();
+        let (payload, signature) = rest.split_once('.').unwrap();
+        let mut payload = URL_SAFE_NO_PAD.decode(payload).unwrap();
+        let at = payload.iter().position(|&b| b == b'a').unwrap();
+        payload[at] ^= 1;
+        let changed = format!("{head}.{}.{signature}", URL_SAFE_NO_PAD.encode(&payload));
+        assert_eq!(rejected(&auth, &bearer(&changed)).message, "invalid token signature", "{alg:?}");
+
+        // The same token, named as signed with another algorithm of the family.
+        let other = signers.iter().map(|(a, _)| *a).find(|a| a != alg && a.family() == alg.family());
+        if let Some(other) = other {
+            let mut header: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(head).unwrap()).unwrap();
+            header["alg"] = json!(format!("{other:?}"));
+            header["kid"] = json!(format!("{other:?}"));
+            let relabelled = format!("{}.{rest}", URL_SAFE_NO_PAD.encode(header.to_string()));
+            assert_eq!(
+                rejected(&auth, &bearer(&relabelled)).message,
+                "invalid token signature",
+                "{alg:?} as {other:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tokens_with_critical_extensions_are_refused() {
+    let auth = auth(jwt_config());
+    let mut header = Header::new(jsonwebtoken::Algorithm::HS256);
+    header.crit = Some(vec!["exp-v2".into()]);
+    let token = jsonwebtoken::encode(&header, &claims(), &EncodingKey::from_secret(HS_SECRET)).unwrap();
+    assert_eq!(
+        rejected(&auth, &bearer(&token)).message,
+        "token has critical header extensions (crit), which are not supported"
+    );
+}
+
+#[test]
+fn weak_and_unusable_keys_are_refused_when_the_config_loads() {
+    let error = |key: Value| {
+        sluice_plugin_sdk::configure::<Auth>(&json!({"jwt": {"jwks": {"keys": [key]}}}).to_string()).err().unwrap()
+    };
+    let hs = |alg: &str, bytes: usize| json!({"kty": "oct", "alg": alg, "k": URL_SAFE_NO_PAD.encode(vec![1u8; bytes])});
+    assert!(error(hs("HS256", 31)).contains("an HS256 secret must be at least 32 bytes; this one has 31"));
+    assert!(error(hs("HS512", 63)).contains("an HS512 secret must be at least 64 bytes"));
+    assert!(
+        sluice_plugin_sdk::configure::<Auth>(&json!({"jwt": {"jwks": {"keys": [hs("HS512", 64)]}}}).to_string())
+            .is_ok()
+    );
+    // The test key's modulus cut to 1024 bits (and odd, as a modulus is).
+    let jwks: Value = serde_json::from_str(JWKS).unwrap();
+    let n = URL_SAFE_NO_PAD.decode(jwks["keys"][0]["n"].as_str().unwrap()).unwrap();
+    let mut n = n[..128].to_vec();
+    n[127] |= 1;
+    let short = json!({"kty": "RSA", "n": URL_SAFE_NO_PAD.encode(&n), "e": "AQAB"});
+    assert!(error(short).contains("an RSA key must have 2048 to 8192 bits; this one has 1024"));
+    let rsa = &jwks["keys"][0];
+    for (what, e) in [("exponent 1", "AQ"), ("even exponent", "AQAA"), ("exponent of 2^40 + 1", "AQAAAAAB")] {
+        let key = json!({"kty": "RSA", "n": rsa["n"], "e": e});
+        assert!(error(key).contains("not an RSA public key"), "{what}");
+    }
+    let mut even = URL_SAFE_NO_PAD.decode(rsa["n"].as_str().unwrap()).unwrap();
+    *even.last_mut().unwrap() &= 0xfe;
+    let key = json!({"kty": "RSA", "n": URL_SAFE_NO_PAD.encode(&even), "e": "AQAB"});
+    assert!(error(key).contains("not an RSA public key"), "even modulus");
+    let mut off_curve = jwks["keys"][1].clone();
+    off_curve["y"] = off_curve["x"].clone();
+    assert!(error(off_curve).contains("not a point on its curve"));
+    let x25519 = json!({"kty": "OKP", "crv": "X25519", "x": "r8JIGm0ytDm3lIUYGcsps-gkdfQ2inWBMK8dA6SKwZo"});
+    assert!(error(x25519).contains("curve \"X25519\" is not supported"));
+    assert!(error(json!({"kty": "RSA", "e": "AQAB"})).contains("a RSA key needs `n`"));
+    assert!(
+        error(json!({"kty": "RSA", "alg": "RSA-OAEP", "n": "AQAB", "e": "AQAB"}))
+            .contains("alg RSA-OAEP is not a signature algorithm")
+    );
 }
 
 #[test]

@@ -10,11 +10,14 @@
 //! - [`now_unix_ms`] is the system clock unless a test pinned it with
 //!   [`testing::set_now_unix_ms`].
 //! - [`log`] writes to stderr.
+//! - [`verify_signature`] verifies with the RustCrypto crates (the gateway
+//!   uses ring: two implementations of the same RFCs).
 
 use crate::LogLevel;
 
 #[cfg(target_arch = "wasm32")]
 mod imp {
+    use super::{PublicKey, SignatureAlgorithm};
     use crate::LogLevel;
     use crate::bindings::sluice::plugin::host;
 
@@ -34,6 +37,10 @@ mod imp {
     pub fn monotonic_ns() -> u64 {
         host::monotonic_ns()
     }
+
+    pub fn verify_signature(algorithm: SignatureAlgorithm, key: &PublicKey, message: &[u8], signature: &[u8]) -> bool {
+        crate::bindings::sluice::plugin::crypto::verify_signature(algorithm, key, message, signature)
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -42,6 +49,7 @@ mod imp {
     use std::sync::OnceLock;
     use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+    use super::{PublicKey, SignatureAlgorithm};
     use crate::LogLevel;
 
     thread_local! {
@@ -81,6 +89,58 @@ mod imp {
         static START: OnceLock<Instant> = OnceLock::new();
         u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
+
+    pub fn verify_signature(algorithm: SignatureAlgorithm, key: &PublicKey, message: &[u8], signature: &[u8]) -> bool {
+        use SignatureAlgorithm as A;
+        use ed25519_dalek::Verifier as _;
+        use rsa::{BigUint, Pkcs1v15Sign, Pss, RsaPublicKey};
+        use sha2::{Digest, Sha256, Sha384, Sha512};
+
+        let rsa = |verify: &dyn Fn(&RsaPublicKey) -> bool| match key {
+            PublicKey::Rsa(key) => {
+                // The gateway's limits (ring's): 2048 to 8192 bits.
+                RsaPublicKey::new_with_max_size(BigUint::from_bytes_be(&key.n), BigUint::from_bytes_be(&key.e), 8192)
+                    .is_ok_and(|key| {
+                        (2048..=8192).contains(&rsa::traits::PublicKeyParts::n(&key).bits()) && verify(&key)
+                    })
+            }
+            _ => false,
+        };
+        match (algorithm, key) {
+            (A::Rs256, _) => {
+                rsa(&|k| k.verify(Pkcs1v15Sign::new::<Sha256>(), &Sha256::digest(message), signature).is_ok())
+            }
+            (A::Rs384, _) => {
+                rsa(&|k| k.verify(Pkcs1v15Sign::new::<Sha384>(), &Sha384::digest(message), signature).is_ok())
+            }
+            (A::Rs512, _) => {
+                rsa(&|k| k.verify(Pkcs1v15Sign::new::<Sha512>(), &Sha512::digest(message), signature).is_ok())
+            }
+            (A::Ps256, _) => rsa(&|k| k.verify(Pss::new::<Sha256>(), &Sha256::digest(message), signature).is_ok()),
+            (A::Ps384, _) => rsa(&|k| k.verify(Pss::new::<Sha384>(), &Sha384::digest(message), signature).is_ok()),
+            (A::Ps512, _) => rsa(&|k| k.verify(Pss::new::<Sha512>(), &Sha512::digest(message), signature).is_ok()),
+            (A::Es256, PublicKey::Ec(point)) => {
+                use p256::ecdsa::signature::Verifier as _;
+                let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(point);
+                let signature = p256::ecdsa::Signature::from_slice(signature);
+                matches!((key, signature), (Ok(key), Ok(signature)) if key.verify(message, &signature).is_ok())
+            }
+            (A::Es384, PublicKey::Ec(point)) => {
+                use p384::ecdsa::signature::Verifier as _;
+                let key = p384::ecdsa::VerifyingKey::from_sec1_bytes(point);
+                let signature = p384::ecdsa::Signature::from_slice(signature);
+                matches!((key, signature), (Ok(key), Ok(signature)) if key.verify(message, &signature).is_ok())
+            }
+            (A::EdDsa, PublicKey::Ed25519(bytes)) => {
+                let key = <[u8; 32]>::try_from(bytes.as_slice())
+                    .ok()
+                    .and_then(|b| ed25519_dalek::VerifyingKey::from_bytes(&b).ok());
+                let signature = ed25519_dalek::Signature::from_slice(signature);
+                matches!((key, signature), (Some(key), Ok(signature)) if key.verify(message, &signature).is_ok())
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A structured log line, attributed to the plugin by the gateway.
@@ -106,6 +166,15 @@ pub fn now_unix_secs() -> u64 {
 /// A monotonic clock in nanoseconds, for measuring durations.
 pub fn monotonic_ns() -> u64 {
     imp::monotonic_ns()
+}
+
+pub use crate::bindings::sluice::plugin::crypto::{PublicKey, RsaPublicKey, SignatureAlgorithm};
+
+/// Whether `signature` is `key`'s signature of `message` with `algorithm`,
+/// checked natively by the gateway (RSA in a guest costs milliseconds). A
+/// key the algorithm cannot use is `false`.
+pub fn verify_signature(algorithm: SignatureAlgorithm, key: &PublicKey, message: &[u8], signature: &[u8]) -> bool {
+    imp::verify_signature(algorithm, key, message, signature)
 }
 
 /// Test controls for the native stand-ins.
