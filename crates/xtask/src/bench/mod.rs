@@ -289,33 +289,33 @@ impl Bench<'_> {
 
         let url = format!("http://{}/v1/chat/completions", gateway.addr);
         let max_rate = self.args.rates.iter().copied().max().unwrap_or(500);
-        let warmup = self.oha(&url, Load::fixed(max_rate, self.args.connections, &self.args.warmup))?;
+        let warmup = self.oha(system, &url, Load::fixed(max_rate, self.args.connections, &self.args.warmup))?;
         if warmup.failed > 0 {
             println!("  warm-up: {} of {} requests failed", warmup.failed, warmup.total());
         }
         let (mut fixed, mut fixed_cpu_seconds) = (Vec::new(), Vec::new());
         for &rate in &self.args.rates {
             let load = Load::fixed(rate, self.args.connections, &self.args.duration);
-            let (measured, cpu) = cpu_during(&gateway, || self.oha(&url, load))?;
+            let (measured, cpu) = cpu_during(&gateway, || self.oha(system, &url, load))?;
             fixed.push(measured);
             fixed_cpu_seconds.push(cpu);
         }
 
         let load = Load::closed(self.args.saturation_connections, &self.args.saturation_duration);
-        let (saturation, cpu_seconds) = cpu_during(&gateway, || self.oha(&url, load))?;
+        let (saturation, cpu_seconds) = cpu_during(&gateway, || self.oha(system, &url, load))?;
         let rss_bytes = gateway.pid().map(procfs::tree_rss_bytes).transpose()?;
-        let streams = self.stream_probe(&gateway)?;
+        let streams = self.stream_probe(system, &gateway)?;
         gateway.check_alive()?;
         Ok(RoundResult { fixed, fixed_cpu_seconds, saturation, cpu_seconds, idle_cpu_seconds, rss_bytes, streams })
     }
 
     /// Streams, one after another, from the echo upstream (a few chunks
     /// 20 ms apart): when the first event reaches the client, and the end.
-    fn stream_probe(&self, gateway: &systems::Started) -> Result<Vec<http::Streamed>> {
+    fn stream_probe(&self, system: &System, gateway: &systems::Started) -> Result<Vec<http::Streamed>> {
         let mut body = self.body.json.clone();
         body["stream"] = true.into();
         let body = body.to_string();
-        let mut headers = request_headers(true);
+        let mut headers = request_headers(system, true);
         headers.extend([("x-echo-chunks", http::STREAM_CHUNKS.to_string()), ("x-echo-chunk-delay-ms", "20".into())]);
         (0..http::STREAMS).map(|_| http::post_streaming(gateway.addr, &headers, body.as_bytes())).collect()
     }
@@ -326,7 +326,8 @@ impl Bench<'_> {
         let start = std::time::Instant::now();
         loop {
             gateway.check_alive()?;
-            let status = http::post(gateway.addr, &request_headers(false), self.body.json.to_string().as_bytes());
+            let status =
+                http::post(gateway.addr, &request_headers(system, false), self.body.json.to_string().as_bytes());
             match status {
                 Ok(response) if response.status == 200 => return Ok(()),
                 _ if start.elapsed() < READY_TIMEOUT => std::thread::sleep(Duration::from_millis(100)),
@@ -341,17 +342,18 @@ impl Bench<'_> {
         }
     }
 
-    fn oha(&self, url: &str, load: Load) -> Result<Measurement> {
-        let headers = request_headers(false);
+    fn oha(&self, system: &System, url: &str, load: Load) -> Result<Measurement> {
+        let headers = request_headers(system, false);
         oha::run(url, &self.body.path, &headers, &load, self.args.load_core)
     }
 }
 
-/// The headers every benchmark request carries: the API key the 3-plugin
-/// chain's auth plugin wants (the other systems forward it), and with
-/// `verify`, the header that makes the upstream echo the request.
-fn request_headers(verify: bool) -> Vec<(&'static str, String)> {
-    let mut headers = vec![("x-api-key", systems::API_KEY.to_owned())];
+/// The headers a system's requests carry: its credential (the API key the
+/// 3-plugin chain's auth plugin wants, which the other systems forward, or
+/// the JWT systems' token), and with `verify`, the header that makes the
+/// upstream echo the request.
+fn request_headers(system: &System, verify: bool) -> Vec<(&'static str, String)> {
+    let mut headers = vec![system.work.credential.header()];
     if verify {
         headers.push(("x-bench-verify", "1".to_owned()));
     }
@@ -363,7 +365,7 @@ fn request_headers(verify: bool) -> Vec<(&'static str, String)> {
 /// decorate, the consumer for those that authenticate, nothing else changed
 /// for the plain proxies.
 fn check_work(system: &System, body: &Value, gateway: &systems::Started) -> Result<()> {
-    let response = http::post(gateway.addr, &request_headers(true), body.to_string().as_bytes())?;
+    let response = http::post(gateway.addr, &request_headers(system, true), body.to_string().as_bytes())?;
     if response.status != 200 {
         bail!(
             "{}: the check request got {}: {}",
@@ -402,7 +404,8 @@ fn check_work(system: &System, body: &Value, gateway: &systems::Started) -> Resu
     }
     if system.work.authenticates {
         let consumer = seen["headers"]["x-sluice-consumer"].as_str();
-        if consumer != Some(systems::API_KEY_CONSUMER) || !seen["headers"]["x-api-key"].is_null() {
+        let (credential, _) = system.work.credential.header();
+        if consumer != Some(system.work.credential.consumer()) || !seen["headers"][credential].is_null() {
             bail!("{}: the upstream saw headers {}, not the authenticated consumer", system.name, seen["headers"]);
         }
     }

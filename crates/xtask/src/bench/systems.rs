@@ -30,9 +30,19 @@ pub const RATIO_BASE: &str = "envoy-proxy-wasm";
 pub const HEADER_NAME: &str = "x-team";
 pub const HEADER_VALUE: &str = "search";
 pub const SYSTEM_PROMPT: &str = "You are a helpful assistant.";
-/// The API key every request carries; the auth plugin knows its SHA-256.
+/// The API key requests carry (but the JWT systems'); the auth plugin
+/// knows its SHA-256.
 pub const API_KEY: &str = "sk-bench-0123456789abcdef";
 pub const API_KEY_CONSUMER: &str = "key:bench";
+/// The JWT the `sluice-jwt` systems' requests carry instead: RS256, `sub`
+/// bench, expiring in 2100, signed with plugins/auth/testdata/rsa-private.pem
+/// (`openssl dgst -sha256 -sign` over its first two parts).
+pub const JWT: &str = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCIsImtpZCI6InJzYS0xIn0.\
+    eyJzdWIiOiJiZW5jaCIsImlzcyI6Imh0dHBzOi8vaWRwLmV4YW1wbGUiLCJhdWQiOiJzbHVpY2UiLCJleHAiOjQxMDI0NDQ4MDB9.\
+    VvySwfW9j0DKtP2bYromAuXKHuZ8-sfxGPQv0DCJB63XCZsyIMj0y4zIFXqpE5TW3PwaE8nQ6IAWtYREpYDHrIXVN7jaGcz4aEtdBz5R8p6wIlTlnQu3\
+    os871yg3Y4KNjSvcdite12Spb357Uc98r4rjTN3kQIvXQy731x0vIMTYjMsCwLdrQo2rdEIgJg-zZw-83q9hcuxoT4N5y9JN_9ePtvrkNJoVplW1KOeA\
+    pnUG2PeHW6D2BbcKaASZxrpIpqhmU4BbYRnjOdXwObtf4gZ8TCi4TS9xkXPY9zUy_EgmI4KV-UWia69Usz-T6BmKC7yyZWB3ora7uyGaTVWJfQ";
+pub const JWT_CONSUMER: &str = "jwt:bench";
 
 pub struct System {
     /// Its name in the table and for `--systems`.
@@ -68,13 +78,40 @@ const LITELLM_HOOK: &str = "tests/bench/litellm/decorate.py";
 pub struct Work {
     /// Sets [`HEADER_NAME`] and prepends the [`SYSTEM_PROMPT`] message.
     pub decorates: bool,
-    /// Takes the API key off and names the consumer.
+    /// Takes the credential off and names the consumer.
     pub authenticates: bool,
+    /// What its requests carry: the others forward it.
+    pub credential: Credential,
 }
 
-const PROXY: Work = Work { decorates: false, authenticates: false };
-const DECORATES: Work = Work { decorates: true, authenticates: false };
-const CHAIN: Work = Work { decorates: false, authenticates: true };
+pub enum Credential {
+    /// [`API_KEY`] in `x-api-key`.
+    ApiKey,
+    /// [`JWT`] as a bearer token.
+    Jwt,
+}
+
+impl Credential {
+    pub fn header(&self) -> (&'static str, String) {
+        match self {
+            Credential::ApiKey => ("x-api-key", API_KEY.to_owned()),
+            Credential::Jwt => ("authorization", format!("Bearer {JWT}")),
+        }
+    }
+
+    /// The consumer the auth plugin names for it.
+    pub fn consumer(&self) -> &'static str {
+        match self {
+            Credential::ApiKey => API_KEY_CONSUMER,
+            Credential::Jwt => JWT_CONSUMER,
+        }
+    }
+}
+
+const PROXY: Work = Work { decorates: false, authenticates: false, credential: Credential::ApiKey };
+const DECORATES: Work = Work { decorates: true, authenticates: false, credential: Credential::ApiKey };
+const CHAIN: Work = Work { decorates: false, authenticates: true, credential: Credential::ApiKey };
+const JWT_AUTH: Work = Work { decorates: false, authenticates: true, credential: Credential::Jwt };
 
 /// Plugins instantiated fresh for every request (the default), or reused
 /// across requests (`isolation: Reused`), as proxy-wasm hosts do.
@@ -156,6 +193,19 @@ pub const SYSTEMS: &[System] = &[
         about: "`sluice-chain` with `isolation: Reused`",
         kind: Kind::Sluice("tests/bench/sluice/chain.yaml.tmpl", REUSED),
         work: CHAIN,
+    },
+    System {
+        name: "sluice-jwt",
+        about: "Sluice with the auth plugin alone, checking an RS256 JWT (verified by the gateway, natively), \
+                a fresh instance per request",
+        kind: Kind::Sluice("tests/bench/sluice/jwt.yaml.tmpl", PER_REQUEST),
+        work: JWT_AUTH,
+    },
+    System {
+        name: "sluice-jwt-reused",
+        about: "`sluice-jwt` with `isolation: Reused`",
+        kind: Kind::Sluice("tests/bench/sluice/jwt.yaml.tmpl", REUSED),
+        work: JWT_AUTH,
     },
     System {
         name: "sluice-decorate-reused-logged",
