@@ -302,11 +302,23 @@ impl Bench<'_> {
         }
 
         let load = Load::closed(self.args.saturation_connections, &self.args.saturation_duration);
+        let steal = || gateway.pid().and_then(|_| procfs::core_steal_seconds(self.args.gateway_core).ok());
+        let steal_before = steal();
         let (saturation, cpu_seconds) = cpu_during(&gateway, || self.oha(system, &url, load))?;
+        let steal_seconds = steal_before.zip(steal()).map(|(before, after)| after - before);
         let rss_bytes = gateway.pid().map(procfs::tree_rss_bytes).transpose()?;
         let streams = self.stream_probe(system, &gateway)?;
         gateway.check_alive()?;
-        Ok(RoundResult { fixed, fixed_cpu_seconds, saturation, cpu_seconds, idle_cpu_seconds, rss_bytes, streams })
+        Ok(RoundResult {
+            fixed,
+            fixed_cpu_seconds,
+            saturation,
+            cpu_seconds,
+            steal_seconds,
+            idle_cpu_seconds,
+            rss_bytes,
+            streams,
+        })
     }
 
     /// Streams, one after another, from the echo upstream (a few chunks

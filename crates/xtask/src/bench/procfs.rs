@@ -161,10 +161,51 @@ impl Stat {
     }
 }
 
+/// Steal time of CPU `core` since boot, in seconds: the time its vCPU
+/// wanted to run while the hypervisor ran something else (a VM's
+/// neighbours). A process pinned there loses that time to no one it can see.
+pub fn core_steal_seconds(core: u32) -> Result<f64> {
+    let stat = fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+    let ticks = steal_ticks(&stat, core).with_context(|| format!("no steal time of cpu{core} in /proc/stat"))?;
+    Ok(ticks as f64 / clock_ticks_per_second())
+}
+
+/// The steal field of `cpuN` in /proc/stat: user nice system idle iowait
+/// irq softirq steal … (proc(5)), in clock ticks.
+fn steal_ticks(stat: &str, core: u32) -> Option<u64> {
+    let name = format!("cpu{core}");
+    let line = stat.lines().find(|line| line.split_whitespace().next() == Some(name.as_str()))?;
+    line.split_whitespace().nth(8)?.parse().ok()
+}
+
 fn clock_ticks_per_second() -> f64 {
     static TICKS: OnceLock<f64> = OnceLock::new();
     *TICKS.get_or_init(|| {
         // 100 on every Linux this runs on; getconf says for sure.
         output(Command::new("getconf").arg("CLK_TCK")).ok().and_then(|out| out.trim().parse().ok()).unwrap_or(100.0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_eighth_value_of_the_cores_own_line() {
+        let stat = "cpu  9 0 8 7 0 0 0 99 0 0\n\
+                    cpu0 1 2 3 4 5 6 7 8 9 10\n\
+                    cpu1 11 12 13 14 15 16 17 18 19 20\n\
+                    cpu10 21 22 23 24 25 26 27 28 29 30\n\
+                    intr 1 2 3\n";
+        assert_eq!(steal_ticks(stat, 0), Some(8));
+        assert_eq!(steal_ticks(stat, 1), Some(18));
+        assert_eq!(steal_ticks(stat, 10), Some(28));
+        assert_eq!(steal_ticks(stat, 2), None);
+        assert_eq!(steal_ticks("cpu3 1 2 3\n", 3), None, "a kernel without steal time");
+    }
+
+    #[test]
+    fn this_machine_reports_steal_for_cpu0() {
+        assert!(core_steal_seconds(0).is_ok_and(|seconds| seconds >= 0.0));
+    }
 }

@@ -18,6 +18,9 @@ pub struct RoundResult {
     /// CPU time of the system's process tree during the saturation run
     /// (`None` for direct, which has no process of its own).
     pub cpu_seconds: Option<f64>,
+    /// Steal time of the system's core during the saturation run (`None`
+    /// for direct).
+    pub steal_seconds: Option<f64>,
     /// CPU time of the process tree while it was left idle, before any load.
     pub idle_cpu_seconds: Option<f64>,
     /// RSS of the process tree after the saturation run.
@@ -46,6 +49,13 @@ impl RoundResult {
     /// 100%, it was not the bottleneck.
     fn busy_at_saturation(&self) -> Option<f64> {
         self.cpu_seconds.filter(|_| self.saturation.seconds > 0.0).map(|cpu| cpu / self.saturation.seconds)
+    }
+
+    /// The share of its core the hypervisor gave to others during the
+    /// saturation run while the system wanted it: busy + steal near 100% is
+    /// a bottleneck that did not get the whole core.
+    fn steal_at_saturation(&self) -> Option<f64> {
+        self.steal_seconds.filter(|_| self.saturation.seconds > 0.0).map(|steal| steal / self.saturation.seconds)
     }
 
     fn runs(&self) -> impl Iterator<Item = &Measurement> {
@@ -87,6 +97,9 @@ pub fn summary_line(round: &RoundResult, rates: &[u32]) -> String {
     let _ = write!(line, "saturation {:.0} req/s", round.saturation.ok_per_second());
     if let Some(cpu) = round.cpu_per_request() {
         let _ = write!(line, ", {:.1} µs CPU/request", cpu * 1e6);
+    }
+    if let Some((busy, steal)) = round.busy_at_saturation().zip(round.steal_at_saturation()) {
+        let _ = write!(line, " (busy {:.0}%, steal {:.0}% of its core)", busy * 100.0, steal * 100.0);
     }
     let failed: u64 = round.runs().map(|m| m.failed).sum();
     let _ = write!(line, ", {failed} failed");
@@ -132,7 +145,10 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
          Busy at saturation: that CPU time over the run's length; under 100% the system was not the \
          bottleneck (oha and the upstream share the other core), and its CPU per request there comes out \
          higher than when it is. So the same figure is also given over the run at the highest fixed rate, where \
-         every system answers the same requests at the same pace. Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
+         every system answers the same requests at the same pace. Steal at saturation: the time the hypervisor ran something else while the \
+         system's core wanted to run (/proc/stat), over the run's length; busy + steal near 100% is a system \
+         that was the bottleneck but did not get the whole core (a VM's neighbours), and its figures from that \
+         round are the least reliable. Idle CPU: the tree's CPU time over {:?} left alone once it served, before the load, median over \
          rounds. RSS: the tree's VmRSS after the saturation run, the largest over rounds. Streams: after the \
          load, {STREAMS} streaming requests one at a time, answered by the echo upstream with \
          {STREAM_CHUNKS} chunks 20 ms apart; the time to the first `data:` event over direct's, in ms.",
@@ -154,7 +170,7 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     }
     header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
     header.push_str(RATIO_BASE);
-    header.push_str(" | busy at saturation (% of a core) |");
+    header.push_str(" | busy at saturation (% of a core) | steal at saturation (% of its core) |");
     // The same figures at the highest fixed rate, where every system does
     // the same work at the same pace.
     let top_rate = facts.rates.iter().enumerate().max_by_key(|(_, rate)| **rate);
@@ -163,7 +179,7 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         rule.push_str("---:|---:|");
     }
     header.push_str(" idle CPU (% of a core) | RSS (MiB) | added time to first event p50 / p99 (ms) |");
-    rule.push_str("---:|---:|---:|---:|---:|---:|---:|");
+    rule.push_str("---:|---:|---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(out, "{header}\n{rule}");
 
     let direct = results.iter().find(|r| r.system.name == DIRECT);
@@ -184,6 +200,8 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
             cpu_per_request(result).zip(base_cpu).map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
         let busy = median(result.rounds.iter().map(RoundResult::busy_at_saturation));
         let busy = busy.map_or("—".into(), |share| format!("{:.0}", share * 100.0));
+        let steal = median(result.rounds.iter().map(RoundResult::steal_at_saturation));
+        let steal = steal.map_or("—".into(), |share| format!("{:.0}", share * 100.0));
         let mut at_top = String::new();
         if let Some(index) = top_index {
             let cpu = micros_cell(result.rounds.iter().map(|r| r.cpu_per_request_at(index)).collect());
@@ -198,7 +216,10 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         let rss = rss.map_or("—".into(), |bytes| format!("{:.1}", bytes as f64 / (1024.0 * 1024.0)));
         let throughput = throughput.map_or("—".into(), |t| format!("{t:.0}"));
         let ttft = stream_cell(result, direct);
-        let _ = writeln!(out, " {throughput} | {cpu_cell} | {ratio} | {busy} |{at_top} {idle} | {rss} | {ttft} |");
+        let _ = writeln!(
+            out,
+            " {throughput} | {cpu_cell} | {ratio} | {busy} | {steal} |{at_top} {idle} | {rss} | {ttft} |"
+        );
     }
 
     for result in results {
