@@ -32,11 +32,8 @@ fn verify(algorithm: SignatureAlgorithm, key: &PublicKey, message: &[u8], signat
         }
         _ => false,
     };
-    let point = |params: &'static dyn VerificationAlgorithm, fits: bool| match key {
-        PublicKey::Ec(bytes) | PublicKey::Ed25519(bytes) if fits => {
-            UnparsedPublicKey::new(params, bytes).verify(message, signature).is_ok()
-        }
-        _ => false,
+    let point = |params: &'static dyn VerificationAlgorithm, bytes: &[u8]| {
+        UnparsedPublicKey::new(params, bytes).verify(message, signature).is_ok()
     };
     match algorithm {
         A::Rs256 => rsa(&signature::RSA_PKCS1_2048_8192_SHA256),
@@ -45,9 +42,9 @@ fn verify(algorithm: SignatureAlgorithm, key: &PublicKey, message: &[u8], signat
         A::Ps256 => rsa(&signature::RSA_PSS_2048_8192_SHA256),
         A::Ps384 => rsa(&signature::RSA_PSS_2048_8192_SHA384),
         A::Ps512 => rsa(&signature::RSA_PSS_2048_8192_SHA512),
-        A::Es256 => point(&signature::ECDSA_P256_SHA256_FIXED, matches!(key, PublicKey::Ec(_))),
-        A::Es384 => point(&signature::ECDSA_P384_SHA384_FIXED, matches!(key, PublicKey::Ec(_))),
-        A::EdDsa => point(&signature::ED25519, matches!(key, PublicKey::Ed25519(_))),
+        A::Es256 => matches!(key, PublicKey::Ec(p) if point(&signature::ECDSA_P256_SHA256_FIXED, p)),
+        A::Es384 => matches!(key, PublicKey::Ec(p) if point(&signature::ECDSA_P384_SHA384_FIXED, p)),
+        A::EdDsa => matches!(key, PublicKey::Ed25519(k) if point(&signature::ED25519, k)),
     }
 }
 

@@ -78,6 +78,23 @@ impl Alg {
         }
     }
 
+    /// How the gateway names a public-key algorithm (`None` for HMAC).
+    fn public_key_algorithm(self) -> Option<SignatureAlgorithm> {
+        use SignatureAlgorithm as S;
+        Some(match self {
+            Alg::HS256 | Alg::HS384 | Alg::HS512 => return None,
+            Alg::RS256 => S::Rs256,
+            Alg::RS384 => S::Rs384,
+            Alg::RS512 => S::Rs512,
+            Alg::PS256 => S::Ps256,
+            Alg::PS384 => S::Ps384,
+            Alg::PS512 => S::Ps512,
+            Alg::ES256 => S::Es256,
+            Alg::ES384 => S::Es384,
+            Alg::EdDSA => S::EdDsa,
+        })
+    }
+
     fn family(self) -> Family {
         match self {
             Alg::HS256 | Alg::HS384 | Alg::HS512 => Family::Hmac,
@@ -165,27 +182,14 @@ impl Key {
 
     /// Whether `signature` is this key's, with its algorithm, over `message`.
     pub fn verify(&self, message: &[u8], signature: &[u8]) -> bool {
-        let public = |algorithm| match &self.key {
-            Material::Public(key) => host::verify_signature(algorithm, key, message, signature),
-            Material::Hmac(_) => false,
-        };
-        let secret = match &self.key {
-            Material::Hmac(secret) => secret.as_slice(),
-            Material::Public(_) => &[],
-        };
-        match self.alg {
-            Alg::HS256 => !secret.is_empty() && hmac_verify::<Hmac<Sha256>>(secret, message, signature),
-            Alg::HS384 => !secret.is_empty() && hmac_verify::<Hmac<Sha384>>(secret, message, signature),
-            Alg::HS512 => !secret.is_empty() && hmac_verify::<Hmac<Sha512>>(secret, message, signature),
-            Alg::RS256 => public(SignatureAlgorithm::Rs256),
-            Alg::RS384 => public(SignatureAlgorithm::Rs384),
-            Alg::RS512 => public(SignatureAlgorithm::Rs512),
-            Alg::PS256 => public(SignatureAlgorithm::Ps256),
-            Alg::PS384 => public(SignatureAlgorithm::Ps384),
-            Alg::PS512 => public(SignatureAlgorithm::Ps512),
-            Alg::ES256 => public(SignatureAlgorithm::Es256),
-            Alg::ES384 => public(SignatureAlgorithm::Es384),
-            Alg::EdDSA => public(SignatureAlgorithm::EdDsa),
+        match (&self.key, self.alg) {
+            (Material::Hmac(secret), Alg::HS256) => hmac_verify::<Hmac<Sha256>>(secret, message, signature),
+            (Material::Hmac(secret), Alg::HS384) => hmac_verify::<Hmac<Sha384>>(secret, message, signature),
+            (Material::Hmac(secret), Alg::HS512) => hmac_verify::<Hmac<Sha512>>(secret, message, signature),
+            (Material::Public(key), alg) => alg
+                .public_key_algorithm()
+                .is_some_and(|algorithm| host::verify_signature(algorithm, key, message, signature)),
+            (Material::Hmac(_), _) => false,
         }
     }
 }

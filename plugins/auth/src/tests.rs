@@ -13,6 +13,8 @@ const RSA_PUBLIC: &str = include_str!("../testdata/rsa-public.pem");
 const EC_PRIVATE: &str = include_str!("../testdata/ec-private.pem");
 const EC384_PRIVATE: &str = include_str!("../testdata/ec384-private.pem");
 const ED25519_PRIVATE: &str = include_str!("../testdata/ed25519-private.pem");
+/// Public keys of every algorithm; the HMAC ones are 64 bytes of 7.
+const JWKS_EVERY_ALGORITHM: &str = include_str!("../testdata/jwks-every-algorithm.json");
 const NOW: u64 = 1_800_000_000;
 /// "hunter2" hashed.
 const KEY_HASH: &str = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
@@ -115,36 +117,26 @@ fn valid_jwts_of_each_algorithm_pass_with_claims_mapped_to_headers() {
     }
 }
 
-/// One key bound to each algorithm, signed with by jsonwebtoken: an
-/// independent implementation of the same RFCs.
+/// One key bound to each algorithm (`kid` its name), and its signer in
+/// jsonwebtoken: an independent implementation of the same RFCs.
 fn every_algorithm() -> (Value, Vec<(jsonwebtoken::Algorithm, EncodingKey)>) {
+    let jwks: Value = serde_json::from_str(JWKS_EVERY_ALGORITHM).unwrap();
+    let signers = jwks["keys"].as_array().unwrap().iter().map(|key| signer(key["kid"].as_str().unwrap())).collect();
+    (json!({"jwt": {"jwks": jwks}}), signers)
+}
+
+/// The private half of testdata/jwks-every-algorithm.json's key `kid`.
+fn signer(kid: &str) -> (jsonwebtoken::Algorithm, EncodingKey) {
     use jsonwebtoken::Algorithm::*;
-    let jwks: Value = serde_json::from_str(JWKS).unwrap();
-    let (rsa, ec256) = (&jwks["keys"][0], &jwks["keys"][1]);
-    let secret = [7u8; 64];
-    let mut keys = Vec::new();
-    let mut signers = Vec::new();
-    for alg in [RS256, RS384, RS512, PS256, PS384, PS512] {
-        keys.push(
-            json!({"kty": "RSA", "kid": format!("{alg:?}"), "alg": format!("{alg:?}"), "n": rsa["n"], "e": rsa["e"]}),
-        );
-        signers.push((alg, EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap()));
-    }
-    for alg in [HS256, HS384, HS512] {
-        keys.push(json!({"kty": "oct", "kid": format!("{alg:?}"), "alg": format!("{alg:?}"), "k": URL_SAFE_NO_PAD.encode(secret)}));
-        signers.push((alg, EncodingKey::from_secret(&secret)));
-    }
-    keys.push(json!({"kty": "EC", "kid": "ES256", "crv": "P-256", "x": ec256["x"], "y": ec256["y"]}));
-    signers.push((ES256, EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap()));
-    keys.push(json!({"kty": "EC", "kid": "ES384", "crv": "P-384",
-        "x": "n3Li5Nh95sJAbRLOWZ1WyhFYbWgKDGNquXt7cNHpbnS7nOCGPPp0lZb3nXO7FRFv",
-        "y": "-Xdnh-QX0QiQ7W-6qAzkhhmoOrX6SQMCqZ7GKfoC1dvALkXqXDqc4I1hCaUGgXLe"}));
-    signers.push((ES384, EncodingKey::from_ec_pem(EC384_PRIVATE.as_bytes()).unwrap()));
-    keys.push(
-        json!({"kty": "OKP", "kid": "EdDSA", "crv": "Ed25519", "x": "r8JIGm0ytDm3lIUYGcsps-gkdfQ2inWBMK8dA6SKwZo"}),
-    );
-    signers.push((EdDSA, EncodingKey::from_ed_pem(ED25519_PRIVATE.as_bytes()).unwrap()));
-    (json!({"jwt": {"jwks": {"keys": keys}}}), signers)
+    let alg: jsonwebtoken::Algorithm = kid.parse().unwrap();
+    let key = match alg {
+        RS256 | RS384 | RS512 | PS256 | PS384 | PS512 => EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()),
+        HS256 | HS384 | HS512 => Ok(EncodingKey::from_secret(&[7; 64])),
+        ES256 => EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()),
+        ES384 => EncodingKey::from_ec_pem(EC384_PRIVATE.as_bytes()),
+        EdDSA => EncodingKey::from_ed_pem(ED25519_PRIVATE.as_bytes()),
+    };
+    (alg, key.unwrap())
 }
 
 #[test]
