@@ -24,13 +24,13 @@ fn backend(echo: &Echo) -> String {
     format!("{{url: '{}'}}", echo.url())
 }
 
-async fn start(yaml: &str) -> Gateway {
+/// The gateway and the directory it watches, which must outlive it: bind
+/// both, so the gateway (declared last) stops before the directory goes.
+async fn start(yaml: &str) -> (ConfigDir, Gateway) {
     let dir = ConfigDir::new();
     dir.write("routes.yaml", yaml);
     let gateway = Gateway::start(&dir).await;
-    // The directory lives as long as the test: the gateway watches it.
-    std::mem::forget(dir);
-    gateway
+    (dir, gateway)
 }
 
 async fn metrics(gateway: &Gateway) -> String {
@@ -83,7 +83,7 @@ async fn each_retry_condition_is_retried_only_when_the_policy_names_it() {
             let policy = format!(
                 "  retry: {{attempts: 2, retryOn: [{on}], perTryTimeoutMs: 500, backoff: {{baseMs: 1, maxMs: 1}}}}\n"
             );
-            let gateway = start(&route(&backends, &policy)).await;
+            let (_config, gateway) = start(&route(&backends, &policy)).await;
             let reply = gateway.chat("m", &[]).await;
             if named {
                 assert_eq!(reply.status, 200, "{condition} named: {}", reply.text());
@@ -110,7 +110,7 @@ async fn each_retry_condition_is_retried_only_when_the_policy_names_it() {
 async fn retry_after_is_honoured_or_passed_on() {
     let echo = Echo::start().await;
     let policy = "  retry: {attempts: 3, maxRetryAfterMs: 2000, backoff: {baseMs: 1, maxMs: 1}}\n";
-    let gateway = start(&route(&[backend(&echo)], policy)).await;
+    let (_config, gateway) = start(&route(&[backend(&echo)], policy)).await;
 
     echo.script().push(Step::rate_limited("1"), 1);
     let started = Instant::now();
@@ -141,7 +141,7 @@ async fn retry_after_is_honoured_or_passed_on() {
 async fn weights_share_the_traffic() {
     let (heavy, light) = (Echo::start().await, Echo::start().await);
     let backends = [format!("{{url: '{}', weight: 3}}", heavy.url()), format!("{{url: '{}', weight: 1}}", light.url())];
-    let gateway = start(&route(&backends, "")).await;
+    let (_config, gateway) = start(&route(&backends, "")).await;
     for _ in 0..40 {
         assert_eq!(gateway.chat("m", &[]).await.status, 200);
     }
@@ -159,7 +159,7 @@ async fn priority_failover_ejection_and_recovery() {
     let backends =
         [format!("{{url: '{}', priority: 0}}", primary.url()), format!("{{url: '{}', priority: 1}}", secondary.url())];
     let extra = "  retry: {attempts: 2}\n  outlierDetection: {consecutiveFailures: 2, baseEjectionMs: 1500}\n";
-    let gateway = start(&route(&backends, extra)).await;
+    let (_config, gateway) = start(&route(&backends, extra)).await;
 
     for _ in 0..2 {
         assert_eq!(gateway.chat("m", &[]).await.status, 200);
@@ -198,7 +198,7 @@ async fn priority_failover_ejection_and_recovery() {
 async fn the_retry_budget_stops_a_retry_storm() {
     let (a, b) = (Echo::start().await, Echo::start().await);
     let extra = "  retry: {attempts: 2, budget: {percent: 20, minConcurrency: 1}}\n  outlierDetection: {consecutiveFailures: 0}\n";
-    let gateway = start(&route(&[backend(&a), backend(&b)], extra)).await;
+    let (_config, gateway) = start(&route(&[backend(&a), backend(&b)], extra)).await;
     const REQUESTS: u64 = 40;
     let body = chat_body("m").to_string();
     // Each attempt fails after a while in flight, so requests overlap.
@@ -248,7 +248,7 @@ async fn context_length_exceeded_falls_back_to_a_larger_model() {
             backend(&large)
         ),
     ]);
-    let gateway = start(&yaml).await;
+    let (_config, gateway) = start(&yaml).await;
 
     let reply = gateway.chat("small", &[]).await;
     assert_eq!(reply.echoed()["model"], "large", "served by the larger model");
@@ -279,7 +279,7 @@ async fn a_stream_is_not_retried_after_its_first_byte() {
     let backends =
         [format!("{{url: '{}', priority: 0}}", broken.url()), format!("{{url: '{}', priority: 1}}", healthy.url())];
     let extra = "  retry: {attempts: 3, retryOn: [Reset, ServerError, ConnectFailure]}\n";
-    let gateway = start(&route(&backends, extra)).await;
+    let (_config, gateway) = start(&route(&backends, extra)).await;
     let mut body = chat_body("m");
     body["stream"] = true.into();
     let streamed = gateway.client().post_streaming(&gateway.url("/v1/chat/completions"), body.to_string(), &[]).await;
@@ -300,7 +300,7 @@ async fn a_stream_is_not_retried_after_its_first_byte() {
 async fn per_backend_timeouts() {
     let echo = Echo::start().await;
     let backends = [format!("{{url: '{}', timeouts: {{firstByteMs: 300, idleMs: 400, totalMs: 1500}}}}", echo.url())];
-    let gateway = start(&route(&backends, "")).await;
+    let (_config, gateway) = start(&route(&backends, "")).await;
 
     echo.script().push(Step::Hang, 1);
     let started = Instant::now();
