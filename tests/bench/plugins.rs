@@ -8,6 +8,8 @@
 //! plugin version adds (compiled code, snapshot, an instance at work).
 //!
 //! Run: `cargo bench -p sluice-tests --bench plugins` (after `cargo xtask plugins`).
+//! `SLUICE_BENCH_PLUGINS=context-trim,auth` measures only those, and
+//! `SLUICE_BENCH_SECONDS=10` each figure for longer (to profile one).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +20,20 @@ use sluice_runtime::{ConfiguredPlugin, Limits, PluginRequest, RequestAction, Run
 
 const PLUGINS: &[&str] =
     &["prompt-template", "prompt-decorator", "context-trim", "auth", "prompt-guard", "response-guard"];
-const MEASURE_FOR: Duration = Duration::from_millis(1000);
+
+/// How long each figure is measured: a second, unless `SLUICE_BENCH_SECONDS` says.
+fn measure_for() -> Duration {
+    let seconds = std::env::var("SLUICE_BENCH_SECONDS").ok().and_then(|s| s.parse::<f64>().ok());
+    Duration::from_secs_f64(seconds.unwrap_or(1.0))
+}
+
+/// The plugins to measure: all, unless `SLUICE_BENCH_PLUGINS` names some.
+fn selected() -> Vec<&'static str> {
+    match std::env::var("SLUICE_BENCH_PLUGINS") {
+        Ok(names) => PLUGINS.iter().copied().filter(|p| names.split(',').any(|n| n.trim() == *p)).collect(),
+        Err(_) => PLUGINS.to_vec(),
+    }
+}
 
 fn main() {
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -41,7 +56,7 @@ fn main() {
         let warm_up = warm_up.configure("add-header", &config, limits, Isolation::PerRequest).await.unwrap();
         warm_up.snapshotted().await;
         warm_up.instance().await.unwrap().request_filter(&mut request()).await.unwrap();
-        for name in PLUGINS {
+        for name in selected() {
             let bytes = std::fs::read(root.join(format!("plugins/dist/{name}.wasm"))).expect("built plugins");
             let size = bytes.len();
             let rss_before = rss_bytes();
@@ -105,11 +120,11 @@ fn request() -> PluginRequest {
     PluginRequest::chat("gpt-4o-mini", sluice_chat::ChatBody::validated(body.into()))
 }
 
-/// The median and the 99th percentile of `op` run for [`MEASURE_FOR`].
+/// The median and the 99th percentile of `op` run for [`measure_for`].
 async fn median_of(mut op: impl AsyncFnMut()) -> (Duration, Duration) {
-    let mut samples = Vec::new();
+    let (mut samples, measure_for) = (Vec::new(), measure_for());
     let start = Instant::now();
-    while start.elapsed() < MEASURE_FOR {
+    while start.elapsed() < measure_for {
         let one = Instant::now();
         op().await;
         samples.push(one.elapsed());
@@ -117,13 +132,13 @@ async fn median_of(mut op: impl AsyncFnMut()) -> (Duration, Duration) {
     percentiles(samples)
 }
 
-/// Fresh instances of `plugin` made and dropped for [`MEASURE_FOR`]: the
+/// Fresh instances of `plugin` made and dropped for [`measure_for`]: the
 /// median and 99th percentile of making one, and of dropping it (its pool
 /// slot reset for the next), timed apart since the goal is the first.
 async fn fresh_instances(plugin: &ConfiguredPlugin) -> ((Duration, Duration), (Duration, Duration)) {
-    let (mut made, mut dropped) = (Vec::new(), Vec::new());
+    let (mut made, mut dropped, measure_for) = (Vec::new(), Vec::new(), measure_for());
     let start = Instant::now();
-    while start.elapsed() < MEASURE_FOR {
+    while start.elapsed() < measure_for {
         let one = Instant::now();
         let instance = plugin.instance().await.unwrap();
         let ready = Instant::now();
