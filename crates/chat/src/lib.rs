@@ -317,7 +317,7 @@ fn read_doc(src: &[u8], valid: bool) -> Result<Doc, String> {
     let members = members
         .into_iter()
         .map(|m| DocMember {
-            key: m.key,
+            key: m.key.into_owned(),
             head: Piece::Span(m.key_span.start..m.value.start),
             value: Piece::Span(m.value),
         })
@@ -356,7 +356,7 @@ fn check_message(text: &[u8], members: Option<&[scan::Member]>, index: usize) ->
     let mut role = false;
     for member in members {
         let value = &text[member.value.clone()];
-        match member.key.as_str() {
+        match &*member.key {
             "role" if value.first() == Some(&b'"') => role = true,
             "role" => return Err(at("`role` must be a string")),
             "content" if matches!(value.first(), Some(b'n' | b'"' | b'[')) => {}
@@ -375,7 +375,7 @@ fn read_message(text: &[u8], index: usize) -> Result<Message, String> {
     let mut extra = Vec::new();
     for member in &members {
         let value = &text[member.value.clone()];
-        match member.key.as_str() {
+        match &*member.key {
             "role" => role = Some(serde_json::from_slice::<String>(value).map_err(|_| at("`role` must be a string"))?),
             "content" => {
                 content = read_content(value).ok_or_else(|| at("`content` must be a string, an array or null"))?

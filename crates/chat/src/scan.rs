@@ -4,6 +4,7 @@
 //! past u64 becomes a rounded float, some floats move by an ulp), which the
 //! upstream must not see (found by fuzzing).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// `object` (a valid JSON object, as serde_json parsed it) with the value of
@@ -36,27 +37,28 @@ pub fn set_member(object: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// A member of an object: its name decoded, and where its name (quotes
-/// included) and its value are.
-pub(crate) struct Member {
-    pub key: String,
+/// A member of an object: its name decoded (borrowed from the text unless
+/// it has escapes: a chat body has a dozen names, read on every request),
+/// and where its name (quotes included) and its value are.
+pub(crate) struct Member<'a> {
+    pub key: Cow<'a, str>,
     pub key_span: Range<usize>,
     pub value: Range<usize>,
 }
 
 /// The members of `object` (valid JSON), in order; `None` if it is not an object.
-pub(crate) fn members(object: &[u8]) -> Option<Vec<Member>> {
+pub(crate) fn members(object: &[u8]) -> Option<Vec<Member<'_>>> {
     let mut scan = Scan { text: object, at: 0 };
     scan.ws();
     scan.members()
 }
 
 /// An element of an array: where it is, and its members if it is an object.
-pub(crate) type Element = (Range<usize>, Option<Vec<Member>>);
+pub(crate) type Element<'a> = (Range<usize>, Option<Vec<Member<'a>>>);
 
 /// Where each element of `array` (valid JSON) is, with its members if it
 /// is an object, found in the same pass; `None` if it is not an array.
-pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element>> {
+pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element<'_>>> {
     Scan { text: array, at: 0 }.array(|scan| {
         let start = scan.at;
         let members = if scan.peek()? == b'{' { Some(scan.members()?) } else { scan.value().map(|()| None)? };
@@ -65,12 +67,12 @@ pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element>> {
 }
 
 /// A member name, quotes included, decoded: by serde only if it has escapes.
-fn decode_key(quoted: &[u8]) -> Option<String> {
+fn decode_key(quoted: &[u8]) -> Option<Cow<'_, str>> {
     let inner = quoted.get(1..quoted.len().checked_sub(1)?)?;
     if inner.contains(&b'\\') {
-        return serde_json::from_slice(quoted).ok();
+        return serde_json::from_slice::<String>(quoted).ok().map(Cow::Owned);
     }
-    std::str::from_utf8(inner).ok().map(String::from)
+    std::str::from_utf8(inner).ok().map(Cow::Borrowed)
 }
 
 /// Where each element of `array` (valid JSON) is; `None` if it is not an array.
@@ -89,7 +91,7 @@ struct Scan<'a> {
     at: usize,
 }
 
-impl Scan<'_> {
+impl<'a> Scan<'a> {
     /// What `element` makes of each element of the array at the cursor (it
     /// must read the element whole); the cursor ends past the array.
     fn array<T>(&mut self, mut element: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
@@ -115,7 +117,7 @@ impl Scan<'_> {
 
     /// The members of the object at the cursor, spans within the whole
     /// text; the cursor ends past it.
-    fn members(&mut self) -> Option<Vec<Member>> {
+    fn members(&mut self) -> Option<Vec<Member<'a>>> {
         self.expect(b'{')?;
         let mut members = Vec::new();
         self.ws();
@@ -126,7 +128,8 @@ impl Scan<'_> {
         loop {
             self.ws();
             let key_span = self.string()?;
-            let key = decode_key(&self.text[key_span.clone()])?;
+            let text: &'a [u8] = self.text;
+            let key = decode_key(&text[key_span.clone()])?;
             self.ws();
             self.expect(b':')?;
             self.ws();
