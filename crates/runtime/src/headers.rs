@@ -98,7 +98,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
         .iter()
         .map(|name| HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`")))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut fresh = HeaderMap::new();
+    // A list, not a map: most edits set one header, and a map's allocation
+    // and hashing cost more than the edit (callgrind, the bench chain).
+    let mut fresh: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(set.len().min(MAX_HEADERS));
     for (name, value) in set {
         if fresh.len() >= MAX_HEADERS {
             return Err(format!("it set more than {MAX_HEADERS} headers"));
@@ -110,35 +112,32 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
             continue;
         }
         // Several values of one name in one edit are all kept.
-        fresh.append(name, value);
+        fresh.push((name, value));
     }
     let removed: Vec<HeaderName> = removed.into_iter().filter(editable).collect();
     check_size(headers, &removed, &fresh)?;
-    for name in removed {
+    // Every removal before any append, so a name set twice keeps both.
+    for name in removed.iter().chain(fresh.iter().map(|(name, _)| name)) {
         headers.remove(name);
     }
-    for name in fresh.keys() {
-        headers.remove(name);
-    }
-    // By reference: the owned iterator names each header only once.
-    for (name, value) in &fresh {
-        headers.append(name, value.clone());
+    for (name, value) in fresh {
+        headers.append(name, value);
     }
     Ok(())
 }
 
 /// Refuses edits that would leave more than [`MAX_HEADERS`] headers or
 /// [`MAX_HEADER_BYTES`], unless they leave less than there was.
-fn check_size(headers: &HeaderMap, removed: &[HeaderName], fresh: &HeaderMap) -> Result<(), String> {
+fn check_size(headers: &HeaderMap, removed: &[HeaderName], fresh: &[(HeaderName, HeaderValue)]) -> Result<(), String> {
     let size = |name: &HeaderName, value: &HeaderValue| name.as_str().len() + value.len();
     let (count, bytes) = (headers.len(), headers.iter().map(|(n, v)| size(n, v)).sum::<usize>());
     let mut dropped = (0, 0);
-    let mut seen = Vec::new();
-    for name in removed.iter().chain(fresh.keys()) {
-        if seen.contains(&name) {
+    let names = || removed.iter().chain(fresh.iter().map(|(name, _)| name));
+    for (i, name) in names().enumerate() {
+        // Each name's values are dropped once, however often it is named.
+        if names().take(i).any(|earlier| earlier == name) {
             continue;
         }
-        seen.push(name);
         for value in headers.get_all(name) {
             dropped = (dropped.0 + 1, dropped.1 + size(name, value));
         }
@@ -167,6 +166,20 @@ mod tests {
         apply_edits(&mut headers, &[("x-a".into(), "9".into())], &["x-b".into()]).unwrap();
         assert_eq!(headers.get_all("x-a").iter().collect::<Vec<_>>(), vec!["9"]);
         assert!(headers.get("x-b").is_none());
+    }
+
+    /// A name set twice in one edit keeps both values and replaces the
+    /// old ones, and removing it too changes nothing about that.
+    #[test]
+    fn a_name_set_twice_keeps_both_values() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("old"));
+        headers.append("x-b", HeaderValue::from_static("3"));
+        let set = [("x-a".into(), "1".into()), ("x-b".into(), "2".into()), ("X-A".into(), "3".into())];
+        apply_edits(&mut headers, &set, &["x-a".into()]).unwrap();
+        assert_eq!(headers.get_all("x-a").iter().collect::<Vec<_>>(), vec!["1", "3"]);
+        assert_eq!(headers.get_all("x-b").iter().collect::<Vec<_>>(), vec!["2"]);
+        assert_eq!(headers.len(), 3);
     }
 
     #[test]
