@@ -128,8 +128,7 @@ impl<'a> Scan<'a> {
         loop {
             self.ws();
             let key_span = self.string()?;
-            let text: &'a [u8] = self.text;
-            let key = decode_key(&text[key_span.clone()])?;
+            let key = decode_key(&self.text[key_span.clone()])?;
             self.ws();
             self.expect(b':')?;
             self.ws();

@@ -48,14 +48,19 @@ impl RoundResult {
     /// The share of a core the system used during the saturation run: under
     /// 100%, it was not the bottleneck.
     fn busy_at_saturation(&self) -> Option<f64> {
-        self.cpu_seconds.filter(|_| self.saturation.seconds > 0.0).map(|cpu| cpu / self.saturation.seconds)
+        self.share_of_saturation(self.cpu_seconds)
     }
 
     /// The share of its core the hypervisor gave to others during the
     /// saturation run while the system wanted it: busy + steal near 100% is
     /// a bottleneck that did not get the whole core.
     fn steal_at_saturation(&self) -> Option<f64> {
-        self.steal_seconds.filter(|_| self.saturation.seconds > 0.0).map(|steal| steal / self.saturation.seconds)
+        self.share_of_saturation(self.steal_seconds)
+    }
+
+    /// `seconds` over the saturation run's length.
+    fn share_of_saturation(&self, seconds: Option<f64>) -> Option<f64> {
+        seconds.filter(|_| self.saturation.seconds > 0.0).map(|seconds| seconds / self.saturation.seconds)
     }
 
     fn runs(&self) -> impl Iterator<Item = &Measurement> {
@@ -198,10 +203,10 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         let cpu_cell = micros_cell(result.rounds.iter().map(RoundResult::cpu_per_request).collect());
         let ratio =
             cpu_per_request(result).zip(base_cpu).map_or("—".into(), |(cpu, base)| format!("{:.2}", cpu / base));
-        let busy = median(result.rounds.iter().map(RoundResult::busy_at_saturation));
-        let busy = busy.map_or("—".into(), |share| format!("{:.0}", share * 100.0));
-        let steal = median(result.rounds.iter().map(RoundResult::steal_at_saturation));
-        let steal = steal.map_or("—".into(), |share| format!("{:.0}", share * 100.0));
+        let percent = |share: fn(&RoundResult) -> Option<f64>| {
+            median(result.rounds.iter().map(share)).map_or("—".into(), |share| format!("{:.0}", share * 100.0))
+        };
+        let (busy, steal) = (percent(RoundResult::busy_at_saturation), percent(RoundResult::steal_at_saturation));
         let mut at_top = String::new();
         if let Some(index) = top_index {
             let cpu = micros_cell(result.rounds.iter().map(|r| r.cpu_per_request_at(index)).collect());
