@@ -9,8 +9,10 @@
 //! The Rust plugin SDK uses the same code natively, as the stand-in for the
 //! host in plugins' unit tests, so they see the host's behaviour.
 
+mod read;
 mod scan;
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::Bytes;
@@ -78,7 +80,9 @@ struct Doc {
 
 #[derive(Clone, Debug)]
 struct DocMember {
-    key: String,
+    /// The name, decoded: a slice of `src` unless it had escapes or an
+    /// edit added it (a body has a handful, read on every request).
+    key: Bytes,
     /// Up to the value: `"name" :` as the client wrote it, or as an edit added it.
     head: Piece,
     value: Piece,
@@ -111,6 +115,29 @@ impl ChatBody {
     /// route it), so reading it only has to find where things are.
     pub fn validated(body: Bytes) -> ChatBody {
         ChatBody { src: body, valid: true, doc: None, edited: false }
+    }
+
+    /// A body as the gateway receives it, and its `model`, read in one
+    /// pass that checks it is JSON and finds its members and messages, so
+    /// that neither routing nor plugins read it again. `None` where that
+    /// pass is unsure (a body that is not a JSON object with a non-empty
+    /// string `model`, or is nested very deep): serde_json decides those,
+    /// and words the error.
+    pub fn read(body: Bytes) -> Option<(ChatBody, String)> {
+        let read = read::read(&body)?;
+        let model = scan::decode_string(&body[read.model?])?.into_owned();
+        if model.is_empty() {
+            return None;
+        }
+        let members = read.members.into_iter().map(|member| DocMember::new(member, &body)).collect();
+        let messages = read.messages.map(|spans| spans.into_iter().map(Piece::Span).collect());
+        let doc = Doc { members, messages: Some(messages) };
+        Some((ChatBody { src: body, valid: true, doc: Some(Ok(doc)), edited: false }, model))
+    }
+
+    /// Whether this is `body` as received or last written, not edited since.
+    pub fn is_reading_of(&self, body: &Bytes) -> bool {
+        !self.edited && self.src.as_ptr() == body.as_ptr() && self.src.len() == body.len()
     }
 
     /// The body now: written once if it was edited since the last call.
@@ -219,7 +246,8 @@ impl ChatBody {
                 }
                 if !found {
                     let head = serde_json::to_string(name).map_err(|e| e.to_string())? + ":";
-                    let member = DocMember { key: name.into(), head: Piece::Owned(head), value: Piece::Owned(value) };
+                    let key = Bytes::copy_from_slice(name.as_bytes());
+                    let member = DocMember { key, head: Piece::Owned(head), value: Piece::Owned(value) };
                     doc.members.push(member);
                 }
             }
@@ -309,30 +337,42 @@ impl Doc {
 }
 
 /// The top level of `src`; `valid` if it is known to be JSON already.
-fn read_doc(src: &[u8], valid: bool) -> Result<Doc, String> {
+fn read_doc(src: &Bytes, valid: bool) -> Result<Doc, String> {
     if !valid {
         check_json(src).map_err(|e| format!("the body is not JSON: {e}"))?;
     }
     let members = members(src).ok_or("the body is not a JSON object")?;
-    let members = members
-        .into_iter()
-        .map(|m| DocMember {
-            key: m.key.into_owned(),
-            head: Piece::Span(m.key_span.start..m.value.start),
-            value: Piece::Span(m.value),
-        })
-        .collect();
-    Ok(Doc { members, messages: None })
+    Ok(Doc { members: members.into_iter().map(|member| DocMember::new(member, src)).collect(), messages: None })
 }
+
+impl DocMember {
+    /// A member of `src`, as found there.
+    fn new(member: scan::Member<'_>, src: &Bytes) -> DocMember {
+        let key = match member.key {
+            // Not decoded, so the name between the quotes.
+            Cow::Borrowed(_) => src.slice(member.key_span.start + 1..member.key_span.end - 1),
+            Cow::Owned(name) => Bytes::from(name),
+        };
+        DocMember {
+            key,
+            head: Piece::Span(member.key_span.start..member.value.start),
+            value: Piece::Span(member.value),
+        }
+    }
+}
+
+const NO_MESSAGES: &str = "the request has no `messages`";
+const TWO_MESSAGES: &str = "the request has more than one `messages`";
+const NOT_AN_ARRAY: &str = "`messages` must be an array";
 
 /// The elements of `messages`. Two `messages` members are refused: parsers
 /// disagree on which one counts, so a plugin could check one while the
 /// upstream reads the other.
 fn read_messages(doc: &Doc, src: &[u8]) -> Result<Vec<Piece>, String> {
     let mut named = doc.members.iter().filter(|member| member.key == MESSAGES);
-    let member = named.next().ok_or("the request has no `messages`")?;
+    let member = named.next().ok_or(NO_MESSAGES)?;
     if named.next().is_some() {
-        return Err("the request has more than one `messages`".into());
+        return Err(TWO_MESSAGES.into());
     }
     let value = member.value.bytes(src);
     let offset = match &member.value {
@@ -340,7 +380,7 @@ fn read_messages(doc: &Doc, src: &[u8]) -> Result<Vec<Piece>, String> {
         Piece::Owned(_) => return Err("`messages` was replaced".into()),
     };
     // One pass finds the messages and their members, to check them.
-    let elements = elements_with_members(value).ok_or("`messages` must be an array")?;
+    let elements = elements_with_members(value).ok_or(NOT_AN_ARRAY)?;
     for (i, (_, members)) in elements.iter().enumerate() {
         check_message(value, members.as_deref(), i)?;
     }

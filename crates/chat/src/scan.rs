@@ -66,8 +66,9 @@ pub(crate) fn elements_with_members(array: &[u8]) -> Option<Vec<Element<'_>>> {
     })
 }
 
-/// A member name, quotes included, decoded: by serde only if it has escapes.
-fn decode_key(quoted: &[u8]) -> Option<Cow<'_, str>> {
+/// A string (a member name, say), quotes included, decoded: by serde only
+/// if it has escapes.
+pub(crate) fn decode_string(quoted: &[u8]) -> Option<Cow<'_, str>> {
     let inner = quoted.get(1..quoted.len().checked_sub(1)?)?;
     if inner.contains(&b'\\') {
         return serde_json::from_slice::<String>(quoted).ok().map(Cow::Owned);
@@ -128,7 +129,7 @@ impl<'a> Scan<'a> {
         loop {
             self.ws();
             let key_span = self.string()?;
-            let key = decode_key(&self.text[key_span.clone()])?;
+            let key = decode_string(&self.text[key_span.clone()])?;
             self.ws();
             self.expect(b':')?;
             self.ws();

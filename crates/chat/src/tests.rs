@@ -265,3 +265,128 @@ fn random_edits_match_editing_the_parsed_value() {
         assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), expected);
     }
 }
+
+/// Bodies at the edges of JSON: what the one pass and serde_json must agree on.
+const EDGES: &[&str] = &[
+    r#"{"model":"m","messages":[]}"#,
+    " \t\r\n{ \"model\" : \"m\" } \n",
+    "{\u{c}\"model\":\"m\"}",
+    r#"{"model":"m","x":1e400}"#,
+    r#"{"model":"m","x":-1e400}"#,
+    r#"{"model":"m","x":1e-400}"#,
+    r#"{"model":"m","x":0e99999999999999999999}"#,
+    r#"{"model":"m","x":123456789012345678901234567890}"#,
+    r#"{"model":"m","x":18446744073709551616,"y":-9223372036854775809}"#,
+    r#"{"model":"m","x":[-0,0.5,1E+2,2e-3,-1.5E2]}"#,
+    r#"{"model":"m","x":01}"#,
+    r#"{"model":"m","x":1.}"#,
+    r#"{"model":"m","x":.5}"#,
+    r#"{"model":"m","x":-}"#,
+    r#"{"model":"m","x":1e}"#,
+    r#"{"model":"m","x":+1}"#,
+    r#"{"model":"m","x":"\ud800"}"#,
+    r#"{"model":"m","x":"\ud800\udc00 \uDBFF\uDFFF"}"#,
+    r#"{"model":"m","x":"\udc00"}"#,
+    r#"{"model":"m","x":"\ud800\u0041"}"#,
+    r#"{"model":"m","x":"\ud800x"}"#,
+    r#"{"model":"m","x":"\x"}"#,
+    r#"{"model":"m","x":"\u00E9\/\b\f\n\r\t\"\\"}"#,
+    r#"{"model":"m","x":"\u00g9"}"#,
+    "{\"model\":\"m\",\"x\":\"a\tb\"}",
+    "{\"model\":\"m\",\"x\":\"a\u{7f}b\"}",
+    "{\"model\":\"\u{e9}\u{1F600}\"}",
+    r#"{"model":"m",}"#,
+    r#"{"model":"m","x":[1,]}"#,
+    r#"{"model":"m"} x"#,
+    r#"{"model":"m"}{}"#,
+    r#"{"model":"a","model":"b"}"#,
+    r#"{"model":"a","model":7}"#,
+    r#"{"model":7,"model":"a"}"#,
+    r#"{"mod\u0065l":"x","m\u00e9":1}"#,
+    r#"{"model":"\u00e9\"q"}"#,
+    r#"{"model":""}"#,
+    r#"{"model":null}"#,
+    r#"{"x":1}"#,
+    r#"[{"model":"m"}]"#,
+    r#""model""#,
+    r#"{"model":"m","x":tru}"#,
+    r#"{"model":"m","x":[true,false,null,{},[],""]}"#,
+    r#"{"model":"m","messages":{"role":"user"}}"#,
+    r#"{"model":"m","messages":[1]}"#,
+    r#"{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[]}"#,
+    r#"{"model":"m","messages":[{"role":1}]}"#,
+    r#"{"model":"m","messages":[{"content":"x"}]}"#,
+    r#"{"model":"m","messages":[{"role":"user","content":1},{"role":2}]}"#,
+    r#"{"model":"m","messages":[{"r\u006fle":"user","content":[{"type":"text","text":"a"}]}]}"#,
+    r#"{"model":"m","messages":[{"role":"user","content":null,"name":"n"}],"stream":true}"#,
+];
+
+/// How deep `value` nests containers.
+fn depth(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(members) => 1 + members.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The one pass accepts a body only if serde_json does, finds the model
+/// serde_json finds, and reads members and messages as the passes it
+/// replaces read them; it accepts every body serde_json does that has a
+/// model and is not nested deep (those it leaves to serde_json). Checked on
+/// the edge cases above and on thousands of random corruptions of them.
+#[test]
+fn one_pass_reads_a_body_exactly_as_serde_json_and_the_lazy_passes_do() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let deep = format!(r#"{{"model":"m","x":{}1{}}}"#, "[".repeat(100), "]".repeat(100));
+    let mut bodies: Vec<Vec<u8>> = EDGES.iter().map(|b| b.as_bytes().to_vec()).collect();
+    bodies.push(deep.into_bytes());
+    // An integer past f64: serde_json refuses it.
+    bodies.push(format!(r#"{{"model":"m","x":{}}}"#, "9".repeat(310)).into_bytes());
+    bodies.push(ODD.as_bytes().to_vec());
+    const BYTES: &[u8] = b"\"\\{}[],:0e-.+ u8dDnt\x0c\x00\x1f\x7f\xff\xc3\xa9";
+    for _ in 0..20_000 {
+        let mut body = bodies[next(EDGES.len() + 3)].clone();
+        for _ in 0..1 + next(2) {
+            let at = next(body.len() + 1);
+            match next(4) {
+                0 if at < body.len() => body[at] = BYTES[next(BYTES.len())],
+                1 if at < body.len() => drop(body.remove(at)),
+                2 => body.insert(at, BYTES[next(BYTES.len())]),
+                _ => body.truncate(at),
+            }
+        }
+        bodies.push(body);
+    }
+    let (mut both, mut neither) = (0, 0);
+    for body in &bodies {
+        let shown = String::from_utf8_lossy(body);
+        let serde = serde_json::from_slice::<Value>(body).ok();
+        let routable = serde.as_ref().and_then(|v| Some((v.get("model")?.as_str()?.to_string(), depth(v))));
+        let Some((mut chat, model)) = ChatBody::read(Bytes::from(body.clone())) else {
+            let shallow = routable.as_ref().is_some_and(|(model, depth)| !model.is_empty() && *depth < 60);
+            assert!(!shallow, "serde_json reads it, the one pass does not: {shown}");
+            neither += usize::from(serde.is_none());
+            continue;
+        };
+        both += 1;
+        assert_eq!(routable.map(|(model, _)| model), Some(model.clone()), "{shown}");
+        let mut lazy = ChatBody::validated(Bytes::from(body.clone()));
+        assert_eq!(chat.messages(), lazy.messages(), "{shown}");
+        for name in ["model", "messages", "x", "stream", "m\u{e9}", "n"] {
+            assert_eq!(chat.field(name), lazy.field(name), "{name} in {shown}");
+        }
+        let written = chat.bytes();
+        assert_eq!(written, &body[..]);
+        assert!(chat.is_reading_of(&written));
+        assert!(!chat.is_reading_of(&Bytes::from(body.clone())), "another copy of the same text");
+    }
+    // Both sides were exercised.
+    assert!(both > 1_000 && neither > 5_000, "{both} read, {neither} refused by both");
+}

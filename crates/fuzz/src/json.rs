@@ -10,7 +10,7 @@
 use bolero::TypeGenerator;
 use bytes::Bytes;
 use serde_json::Value;
-use sluice_gateway::fuzzing::{requested_model, rewrite_model};
+use sluice_gateway::fuzzing::{model_by_serde, requested_model, rewrite_model};
 
 use crate::pick;
 
@@ -232,11 +232,14 @@ pub fn check_request(request: &Request) {
     check_model(&request.body.render(), &model);
 }
 
-/// `requested_model` never panics and finds a non-empty model; a body it
-/// routes can be rewritten for any backend, and the rewrite changes only
-/// the model.
+/// `requested_model` never panics, agrees with serde_json and finds a
+/// non-empty model; a body it routes can be rewritten for any backend, and
+/// the rewrite changes only the model.
 pub fn check_model(bytes: &[u8], backend_model: &str) {
-    let Ok(requested) = requested_model(bytes) else { return };
+    let requested = requested_model(bytes);
+    // The gateway's one pass routes exactly what serde_json routes.
+    assert_eq!(requested, model_by_serde(bytes), "{}", String::from_utf8_lossy(bytes));
+    let Ok(requested) = requested else { return };
     assert!(!requested.is_empty());
     let rewritten = rewrite_model(&Bytes::copy_from_slice(bytes), backend_model);
     let rewritten = rewritten.unwrap_or_else(|e| panic!("a routed body was not rewritten: {e:?}"));

@@ -30,6 +30,9 @@ pub struct Outgoing {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// `body` as routing read it, handed to the plugins so they do not read
+    /// it again; used only while it is a reading of `body`.
+    pub chat: Option<ChatBody>,
 }
 
 impl Outgoing {
@@ -37,7 +40,7 @@ impl Outgoing {
         let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
-        Self { method: parts.method, path, headers, body }
+        Self { method: parts.method, path, headers, body, chat: None }
     }
 }
 
@@ -109,13 +112,17 @@ pub enum Filtered {
 /// The request as plugins see it: the body is the one the proxy parsed to
 /// route it (so it is valid JSON), written back once, after the chain.
 fn plugin_request(route: &Route, model: &str, outgoing: &mut Outgoing, max_body_bytes: usize) -> PluginRequest {
+    let body = match outgoing.chat.take() {
+        Some(chat) if chat.is_reading_of(&outgoing.body) => chat,
+        _ => ChatBody::validated(outgoing.body.clone()),
+    };
     let mut request = PluginRequest::new(
         outgoing.method.to_string(),
         outgoing.path.clone(),
         model.to_string(),
         route.decl.key.to_string(),
         std::mem::take(&mut outgoing.headers),
-        ChatBody::validated(outgoing.body.clone()),
+        body,
     );
     request.max_body_bytes = max_body_bytes;
     request

@@ -9,7 +9,13 @@ pub use crate::sse::{EventSplitter, data_event, data_of, with_data};
 
 /// The model a request body asks for; an error as its HTTP status and code.
 pub fn requested_model(body: &[u8]) -> Result<String, (u16, &'static str)> {
-    crate::proxy::requested_model(body).map_err(|e| (e.status, e.code))
+    let body = Bytes::copy_from_slice(body);
+    crate::proxy::requested_model(&body).map(|(model, _)| model).map_err(|e| (e.status, e.code))
+}
+
+/// The same, read by serde_json alone: what the one pass must agree with.
+pub fn model_by_serde(body: &[u8]) -> Result<String, (u16, &'static str)> {
+    crate::proxy::model_by_serde(body).map_err(|e| (e.status, e.code))
 }
 
 /// The body with a backend's model in place of the client's.

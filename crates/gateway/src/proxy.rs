@@ -8,6 +8,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use sluice_chat::ChatBody;
 use sluice_core::{ApiError, Condition, Fallback};
 use sluice_runtime::Hooks;
 use sluice_telemetry::Label;
@@ -199,8 +200,9 @@ async fn proxy(
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
     let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
-    let mut model = requested_model(&body)?;
-    let client_request = Outgoing::new(parts, body);
+    let (mut model, chat) = requested_model(&body)?;
+    let mut client_request = Outgoing::new(parts, body);
+    client_request.chat = chat;
     // Plugins see header values as strings: one that is not UTF-8 would
     // reach the upstream unseen by them.
     if let Some(name) = not_utf8(&client_request.headers) {
@@ -333,7 +335,17 @@ async fn read_body(
     }
 }
 
-pub(crate) fn requested_model(body: &[u8]) -> Result<String, ApiError> {
+/// The model a request body asks for, and the body read for the plugins:
+/// by one pass where it can ([`ChatBody::read`]), else by serde_json, which
+/// also says what is wrong.
+pub(crate) fn requested_model(body: &Bytes) -> Result<(String, Option<ChatBody>), ApiError> {
+    match ChatBody::read(body.clone()) {
+        Some((chat, model)) => Ok((model, Some(chat))),
+        None => model_by_serde(body).map(|model| (model, None)),
+    }
+}
+
+pub(crate) fn model_by_serde(body: &[u8]) -> Result<String, ApiError> {
     // A whole JSON object, parsed as the rewrite to a backend's model will
     // parse it: an array (which serde would read as a struct) or a body the
     // rewrite cannot read again (a number out of range, a lone surrogate) is
@@ -476,6 +488,7 @@ mod tests {
     /// routed as if it were an object.
     #[test]
     fn only_objects_the_rewrite_can_read_are_routed() {
+        let model_of = |body: &[u8]| requested_model(&Bytes::copy_from_slice(body)).map(|(model, _)| model);
         // Refused wherever the bad value hides, as a `Value` parse refuses it.
         for body in [
             r#"["gpt-4o-mini"]"#,
@@ -486,16 +499,16 @@ mod tests {
             r#"{"model":"m"} x"#,
             r#"{"model":"\ud800"}"#,
         ] {
-            let error = requested_model(body.as_bytes()).expect_err(body);
+            let error = model_of(body.as_bytes()).expect_err(body);
             assert_eq!(error.status, 400, "{body}");
             assert!(serde_json::from_str::<serde_json::Value>(body).is_err() || body.starts_with('['), "{body}");
         }
         // The last `model` counts, as it does in a parsed object.
-        assert_eq!(requested_model(br#"{"model":"a","model":"b"}"#).unwrap(), "b");
-        assert!(requested_model(br#"{"model":"a","model":7}"#).is_err());
-        assert_eq!(requested_model(br#"{"m\u006fdel":"\u00e9"}"#).unwrap(), "é");
+        assert_eq!(model_of(br#"{"model":"a","model":"b"}"#).unwrap(), "b");
+        assert!(model_of(br#"{"model":"a","model":7}"#).is_err());
+        assert_eq!(model_of(br#"{"m\u006fdel":"\u00e9"}"#).unwrap(), "é");
         let body = Bytes::from_static(br#"{"model":"m","temperature":0.5,"seed":18446744073709551615}"#);
-        assert_eq!(requested_model(&body).unwrap(), "m");
+        assert_eq!(model_of(&body).unwrap(), "m");
         let rewritten: serde_json::Value =
             serde_json::from_slice(&crate::forward::rewrite_model(&body, "backend").unwrap()).unwrap();
         assert_eq!(
