@@ -498,44 +498,53 @@ fn reported_in(json: &[u8]) -> Reported {
         #[serde(default)]
         model: Option<Checked<true>>,
     }
-    /// Chat and completions name them `prompt_tokens` and
-    /// `completion_tokens`; the Responses API `input_tokens` and
-    /// `output_tokens`.
-    #[derive(serde::Deserialize)]
-    struct Counts {
-        #[serde(default, alias = "input_tokens")]
-        prompt_tokens: u32,
-        #[serde(default, alias = "output_tokens")]
-        completion_tokens: u32,
-        #[serde(default)]
-        total_tokens: u32,
-    }
     let Ok(raw) = serde_json::from_slice::<Raw>(json) else { return Reported::default() };
     let (usage, model) = match raw.response {
         Some(inner) if raw.usage.is_none() => (inner.usage, inner.model.or(raw.model)),
         _ => (raw.usage, raw.model),
     };
-    let counts = usage.and_then(|usage| serde_json::from_value::<Counts>(serde_json::Value::Object(usage.0)).ok());
-    let usage = counts.map(|counts| Usage {
-        prompt_tokens: counts.prompt_tokens,
-        completion_tokens: counts.completion_tokens,
-        // Saturating: a hostile upstream's counts must not overflow.
-        total_tokens: counts.total_tokens.max(counts.prompt_tokens.saturating_add(counts.completion_tokens)),
-    });
+    let usage = usage.and_then(UsageObject::usage);
     Reported { usage, model: model.and_then(|model| model.0) }
 }
 
-/// A `usage` object's token counts as sent; its other members (the nested
-/// details) are checked as a `Value` parse would check them and dropped:
-/// building a map of them was most of reading a small response.
-struct UsageObject(serde_json::Map<String, serde_json::Value>);
+/// Chat and completions name the counts `prompt_tokens` and
+/// `completion_tokens`; the Responses API `input_tokens` and `output_tokens`.
+const COUNTS: [&str; 5] = ["prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens"];
+
+/// A `usage` object's token counts as sent, in the order of [`COUNTS`] (of
+/// a repeated name the last, as in a parsed object). Its other members
+/// (the nested details) are checked as a `Value` parse would check them
+/// and dropped: building a map of them was most of reading a small response.
+struct UsageObject([Option<serde_json::Value>; 5]);
+
+impl UsageObject {
+    /// The counts, if each one sent is a u32 and none is sent under both
+    /// its names (both `prompt_tokens` and `input_tokens`): neither is
+    /// believed then.
+    fn usage(self) -> Option<Usage> {
+        let [prompt, input, completion, output, total] = self.0;
+        let count = |value: Option<serde_json::Value>| match value {
+            None => Some(0),
+            Some(value) => value.as_u64().and_then(|n| u32::try_from(n).ok()),
+        };
+        let either = |a: Option<serde_json::Value>, b: Option<serde_json::Value>| match (a, b) {
+            (Some(_), Some(_)) => None,
+            (a, b) => count(a.or(b)),
+        };
+        let (prompt_tokens, completion_tokens) = (either(prompt, input)?, either(completion, output)?);
+        Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            // Saturating: a hostile upstream's counts must not overflow.
+            total_tokens: count(total)?.max(prompt_tokens.saturating_add(completion_tokens)),
+        })
+    }
+}
 
 impl<'de> serde::Deserialize<'de> for UsageObject {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        const COUNTS: [&str; 5] =
-            ["prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens"];
-        /// A member's name: one of [`COUNTS`], or another.
-        struct Key(Option<&'static str>);
+        /// A member's name: where it is in [`COUNTS`], or another.
+        struct Key(Option<usize>);
         impl<'de> serde::Deserialize<'de> for Key {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 struct Name;
@@ -545,7 +554,7 @@ impl<'de> serde::Deserialize<'de> for UsageObject {
                         f.write_str("a member name")
                     }
                     fn visit_str<E>(self, name: &str) -> Result<Key, E> {
-                        Ok(Key(COUNTS.iter().copied().find(|count| *count == name)))
+                        Ok(Key(COUNTS.iter().position(|count| *count == name)))
                     }
                 }
                 deserializer.deserialize_str(Name)
@@ -558,11 +567,11 @@ impl<'de> serde::Deserialize<'de> for UsageObject {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UsageObject, A::Error> {
-                let mut counts = serde_json::Map::new();
+                let mut counts = [None, None, None, None, None];
                 while let Some(Key(name)) = map.next_key()? {
-                    match name {
-                        Some(name) => {
-                            counts.insert(name.to_owned(), map.next_value()?);
+                    match name.and_then(|i| counts.get_mut(i)) {
+                        Some(count) => {
+                            *count = Some(map.next_value()?);
                         }
                         None => {
                             map.next_value::<Checked<false>>()?;
