@@ -293,6 +293,11 @@ const EDGES: &[&str] = &[
     r#"{"model":"m","x":"\u00E9\/\b\f\n\r\t\"\\"}"#,
     r#"{"model":"m","x":"\u00g9"}"#,
     "{\"model\":\"m\",\"x\":\"a\tb\"}",
+    "{\"model\":\"m\",\"x\":\"a\nb\"}\n",
+    // Past the first sixteen bytes of a string, which are searched inline.
+    "{\"model\":\"m\",\"x\":\"0123456789abcdefghij\u{1}k\"}",
+    r#"{"model":"m","x":"0123456789abcdefghij\"k\u00e9 0123456789abcdefghij","y":"0123456789abcdef"}"#,
+    "{\n  \"model\": \"m\",\n  \"x\": \"a\u{1f}\"\n}\n",
     "{\"model\":\"m\",\"x\":\"a\u{7f}b\"}",
     "{\"model\":\"\u{e9}\u{1F600}\"}",
     r#"{"model":"m",}"#,
