@@ -125,7 +125,7 @@ impl ChatBody {
     /// and words the error.
     pub fn read(body: Bytes) -> Option<(ChatBody, String)> {
         let read = read::read(&body)?;
-        let model = scan::decode_string(&body[read.model?])?.into_owned();
+        let model = scan::decode_string(body.get(read.model?)?)?.into_owned();
         if model.is_empty() {
             return None;
         }

@@ -345,6 +345,8 @@ pub(crate) fn requested_model(body: &Bytes) -> Result<(String, Option<ChatBody>)
     }
 }
 
+/// The model, read by serde_json alone: slower than the one pass, and the
+/// judge of what it refuses.
 pub(crate) fn model_by_serde(body: &[u8]) -> Result<String, ApiError> {
     // A whole JSON object, parsed as the rewrite to a backend's model will
     // parse it: an array (which serde would read as a struct) or a body the
