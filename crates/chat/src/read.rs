@@ -50,7 +50,7 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn top(&mut self) -> Option<Read<'a>> {
-        // Room for a chat request's members, and its messages', without growing.
+        // Room for a chat request's members without growing.
         let mut members = Vec::with_capacity(8);
         let mut model = None;
         let mut messages = None;
