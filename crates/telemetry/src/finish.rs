@@ -4,6 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::memo::Key;
 use crate::metrics::{self, Label, metrics};
 use crate::record::RequestRecord;
 
@@ -26,49 +27,62 @@ impl RequestRecord {
         let m = metrics();
         let empty = || EMPTY.clone();
         let (route, model) = (self.route.clone().unwrap_or_else(empty), self.model.clone().unwrap_or_else(empty));
-        let labels = metrics::RequestLabels {
-            route: route.clone(),
-            model: model.clone(),
-            backend: self.backend.clone().unwrap_or_else(empty),
-            status_class: metrics::status_class(self.status),
-            error_code: self.error_code.unwrap_or(""),
-        };
-        m.requests.get_or_create(&labels).inc();
-        // Latency and tokens only for routed requests: they are the ones
+        let backend = self.backend.clone().unwrap_or_else(empty);
+        let (status_class, error_code) = (metrics::status_class(self.status), self.error_code.unwrap_or(""));
+        // Routed requests also get latency and tokens: they are the ones
         // with a model and a route to tell apart.
-        let Some(operation) = self.operation.filter(|_| self.route.is_some()) else { return };
-        m.request_duration
-            .get_or_create(&metrics::RouteLabels { route: route.clone(), model: model.clone() })
-            .observe(duration.as_secs_f64());
-        let response_model = self.response_model.as_deref().map_or_else(empty, |m2| m.response_model_label(m2));
-        let gen_ai = metrics::GenAiLabels {
-            gen_ai_operation_name: operation,
-            gen_ai_provider_name: self.provider,
-            gen_ai_request_model: model.clone(),
-            gen_ai_response_model: response_model.clone(),
-        };
-        m.gen_ai_request_duration.get_or_create(&gen_ai).observe(duration.as_secs_f64());
-        if let Some(first) = self.first_byte.filter(|_| (200..300).contains(&self.status)) {
-            m.gen_ai_time_to_first_token.get_or_create(&gen_ai).observe(first.as_secs_f64());
-        }
-        let Some(tokens) = self.tokens else { return };
-        let consumer = self.consumer.as_deref().map_or_else(empty, |c| m.consumer_label(c));
-        for (token_type, count) in [("input", tokens.input), ("output", tokens.output)] {
-            let usage = metrics::TokenUsageLabels {
-                gen_ai_operation_name: operation,
-                gen_ai_provider_name: self.provider,
-                gen_ai_request_model: model.clone(),
-                gen_ai_response_model: response_model.clone(),
-                gen_ai_token_type: token_type,
-            };
-            m.gen_ai_token_usage.get_or_create(&usage).observe(count as f64);
-            let labels = metrics::TokenLabels {
+        let operation = self.operation.filter(|_| self.route.is_some());
+        let response_model =
+            operation.map(|_| self.response_model.as_deref().map_or_else(empty, |m2| m.response_model_label(m2)));
+        let consumer =
+            operation.and(self.tokens).map(|_| self.consumer.as_deref().map_or_else(empty, |c| m.consumer_label(c)));
+        crate::memo::with(|handles| {
+            let labels = || metrics::RequestLabels {
                 route: route.clone(),
                 model: model.clone(),
-                consumer: consumer.clone(),
-                token_type,
+                backend: backend.clone(),
+                status_class,
+                error_code,
             };
-            m.tokens.get_or_create(&labels).inc_by(count);
-        }
+            let key = Key::of([&route, &model, &backend, status_class, error_code]);
+            handles.requests.get(key, labels, &m.requests).inc();
+            let (Some(operation), Some(response_model)) = (operation, response_model) else { return };
+            let labels = || metrics::RouteLabels { route: route.clone(), model: model.clone() };
+            let seconds = duration.as_secs_f64();
+            handles.request_duration.get(Key::of([&route, &model]), labels, &m.request_duration).observe(seconds);
+            let provider = self.provider;
+            let gen_ai = || metrics::GenAiLabels {
+                gen_ai_operation_name: operation,
+                gen_ai_provider_name: provider,
+                gen_ai_request_model: model.clone(),
+                gen_ai_response_model: response_model.clone(),
+            };
+            let key = Key::of([operation, provider, &model, &response_model]);
+            handles.gen_ai_request_duration.get(key, gen_ai, &m.gen_ai_request_duration).observe(seconds);
+            if let Some(first) = self.first_byte.filter(|_| (200..300).contains(&self.status)) {
+                let histogram = handles.gen_ai_time_to_first_token.get(key, gen_ai, &m.gen_ai_time_to_first_token);
+                histogram.observe(first.as_secs_f64());
+            }
+            let (Some(tokens), Some(consumer)) = (self.tokens, consumer) else { return };
+            for (token_type, count) in [("input", tokens.input), ("output", tokens.output)] {
+                let usage = || metrics::TokenUsageLabels {
+                    gen_ai_operation_name: operation,
+                    gen_ai_provider_name: provider,
+                    gen_ai_request_model: model.clone(),
+                    gen_ai_response_model: response_model.clone(),
+                    gen_ai_token_type: token_type,
+                };
+                let key = Key::of([operation, provider, &model, &response_model, token_type]);
+                handles.gen_ai_token_usage.get(key, usage, &m.gen_ai_token_usage).observe(count as f64);
+                let labels = || metrics::TokenLabels {
+                    route: route.clone(),
+                    model: model.clone(),
+                    consumer: consumer.clone(),
+                    token_type,
+                };
+                let key = Key::of([&route, &model, &consumer, token_type]);
+                handles.tokens.get(key, labels, &m.tokens).inc_by(count);
+            }
+        });
     }
 }

@@ -7,6 +7,7 @@ mod access;
 mod context;
 mod finish;
 pub mod logging;
+mod memo;
 pub mod metrics;
 pub mod otlp_metrics;
 pub mod record;

@@ -474,12 +474,13 @@ enum Cap {
 }
 
 /// The label values admitted so far; they stay admitted for the process's
-/// life, like their series.
+/// life, like their series. Looked up twice a request; a seeded fast hash
+/// is enough for sets this small (at most the caps).
 struct Capped {
     max_consumers: usize,
     max_response_models: usize,
-    consumers: HashSet<Label>,
-    response_models: HashSet<Label>,
+    consumers: HashSet<Label, foldhash::fast::RandomState>,
+    response_models: HashSet<Label, foldhash::fast::RandomState>,
     other: Label,
 }
 
@@ -488,8 +489,8 @@ impl Default for Capped {
         Self {
             max_consumers: 100,
             max_response_models: 100,
-            consumers: HashSet::new(),
-            response_models: HashSet::new(),
+            consumers: HashSet::default(),
+            response_models: HashSet::default(),
             other: Label::from(OTHER),
         }
     }

@@ -296,14 +296,14 @@ impl RequestRecord {
 
     /// Records an attempt to reach `backend` that started at `started`.
     pub fn attempt(&mut self, attempt: Attempt) {
-        let m = metrics();
         if let Some(route) = &self.route {
-            let labels = metrics::UpstreamLabels {
-                route: route.clone(),
-                backend: attempt.backend.clone(),
-                status_class: attempt.status.map_or("error", metrics::status_class),
-            };
-            m.upstream_duration.get_or_create(&labels).observe((attempt.end - attempt.start).as_secs_f64());
+            let (backend, status_class) = (&attempt.backend, attempt.status.map_or("error", metrics::status_class));
+            let labels = || metrics::UpstreamLabels { route: route.clone(), backend: backend.clone(), status_class };
+            let seconds = (attempt.end - attempt.start).as_secs_f64();
+            crate::memo::with(|handles| {
+                let key = crate::memo::Key::of([route, backend, status_class]);
+                handles.upstream_duration.get(key, labels, &metrics().upstream_duration).observe(seconds);
+            });
         }
         self.backend = Some(attempt.backend.clone());
         if self.attempts.len() < MAX_ENTRIES {
