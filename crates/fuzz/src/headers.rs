@@ -4,7 +4,7 @@
 
 use bolero::TypeGenerator;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sluice_gateway::fuzzing::{apply_edits, strip_hop_by_hop, to_pairs};
+use sluice_gateway::fuzzing::{apply_edits, remove_one, set_one, strip_hop_by_hop, to_pairs};
 
 use crate::pick;
 
@@ -177,6 +177,20 @@ pub fn check(input: &Edits) {
 
     // The edits: valid ones apply, and never to a protected header.
     let (set, remove) = input.edits();
+    // A plugin's one-edit calls do what the same edit as a list does.
+    let listed = |h: &HeaderMap| h.iter().map(|(n, v)| (n.clone(), v.clone())).collect::<Vec<_>>();
+    for (name, value) in &set {
+        let (mut by_list, mut by_one) = (stripped.clone(), stripped.clone());
+        let result = apply_edits(&mut by_list, &[(name.clone(), value.clone())], &[]);
+        assert_eq!(set_one(&mut by_one, name, value.clone()), result, "set {name:?}");
+        assert_eq!(listed(&by_one), listed(&by_list), "set {name:?}");
+    }
+    for name in &remove {
+        let (mut by_list, mut by_one) = (stripped.clone(), stripped.clone());
+        let result = apply_edits(&mut by_list, &[], std::slice::from_ref(name));
+        assert_eq!(remove_one(&mut by_one, name), result, "remove {name:?}");
+        assert_eq!(listed(&by_one), listed(&by_list), "remove {name:?}");
+    }
     let mut edited = stripped.clone();
     let result = apply_edits(&mut edited, &set, &remove);
     let valid = remove.iter().all(|n| HeaderName::from_bytes(n.as_bytes()).is_ok())

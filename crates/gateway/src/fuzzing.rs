@@ -34,6 +34,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
     sluice_runtime::headers::apply_edits(headers, set, remove)
 }
 
+/// A plugin's one `set-header` and one `remove-header` call.
+pub use sluice_runtime::headers::{remove_one, set_one};
+
 /// Removes hop-by-hop headers and those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     sluice_runtime::headers::strip_hop_by_hop(headers)

@@ -35,17 +35,21 @@ fn editable(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers, including any that `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Every response passes here: the names `Connection` lists are matched
-    // where they stand, not copied and lower-cased first.
-    let listed = headers.contains_key(http::header::CONNECTION);
-    let named = |name: &str| {
+    // Every request and response passes here, most with `Connection:
+    // keep-alive` or `close`: the names it lists are looked at one by one
+    // only if one that is not hop-by-hop anyway is a header here. They are
+    // matched where they stand, not copied and lower-cased first.
+    let tokens = || {
         headers
             .get_all(http::header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .any(|token| token.trim().eq_ignore_ascii_case(name))
+            .map(str::trim)
     };
+    let hop_by_hop = |token: &str| HOP_BY_HOP.iter().any(|name| token.eq_ignore_ascii_case(name));
+    let listed = tokens().any(|token| !hop_by_hop(token) && headers.contains_key(token));
+    let named = |name: &str| tokens().any(|token| token.eq_ignore_ascii_case(name));
     let drop: Vec<HeaderName> = headers
         .keys()
         .filter(|name| HOP_BY_HOP.contains(&name.as_str()) || (listed && named(name.as_str())))
@@ -126,6 +130,34 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
     Ok(())
 }
 
+/// [`apply_edits`] with one set and nothing removed: most plugin calls make
+/// one edit, and this one allocates no lists (and takes `value` as it is).
+pub fn set_one(headers: &mut HeaderMap, name: &str, value: String) -> Result<(), String> {
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
+        .map_err(|_| format!("invalid value for header `{name}`"))?;
+    if !editable(&name) {
+        tracing::debug!(header = %name, "a plugin's edit of a framing or hop-by-hop header was ignored");
+        return Ok(());
+    }
+    let fresh = [(name, value)];
+    check_size(headers, &[], &fresh)?;
+    let [(name, value)] = fresh;
+    headers.remove(&name);
+    headers.append(name, value);
+    Ok(())
+}
+
+/// [`apply_edits`] with one removal and nothing set. A removal cannot grow
+/// the headers, so there are no bounds to check.
+pub fn remove_one(headers: &mut HeaderMap, name: &str) -> Result<(), String> {
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+    if editable(&name) {
+        headers.remove(&name);
+    }
+    Ok(())
+}
+
 /// Refuses edits that would leave more than [`MAX_HEADERS`] headers or
 /// [`MAX_HEADER_BYTES`], unless they leave less than there was.
 fn check_size(headers: &HeaderMap, removed: &[HeaderName], fresh: &[(HeaderName, HeaderValue)]) -> Result<(), String> {
@@ -191,6 +223,25 @@ mod tests {
         headers.insert("x-team", HeaderValue::from_static("search"));
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x-team"]);
+
+        // Listed in a second `Connection`, after hop-by-hop names; `close`
+        // is no header here.
+        let mut headers = HeaderMap::new();
+        headers.append("connection", HeaderValue::from_static("close"));
+        headers.append("connection", HeaderValue::from_static("Keep-Alive,  x-hop ,"));
+        headers.insert("x-hop", HeaderValue::from_static("1"));
+        headers.insert("x-team", HeaderValue::from_static("search"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x-team"]);
+
+        // Only hop-by-hop names listed: the rest stays.
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("keep-alive"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("close", HeaderValue::from_static("not listed as a header"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["close"]);
     }
 
     /// Issue 12, finding 6.
@@ -241,6 +292,68 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert!(apply_edits(&mut headers, &[("bad name".into(), "v".into())], &[]).is_err());
         assert!(apply_edits(&mut headers, &[("x-ok".into(), "line\nbreak".into())], &[]).is_err());
+    }
+
+    /// The one-edit paths do exactly what `apply_edits` does with one edit:
+    /// the same error or the same headers, in the same order.
+    #[test]
+    fn one_edit_paths_match_apply_edits() {
+        let names = [
+            "x-team",
+            "X-Team",
+            "x-new",
+            "authorization",
+            "content-type",
+            "",
+            "bad name",
+            "x\u{e9}",
+            "connection",
+            "transfer-encoding",
+            "content-length",
+            "host",
+            "keep-alive",
+            "te",
+        ];
+        let values = ["search", "", "line\nbreak", "caf\u{e9}", " padded ", "\u{7f}"];
+        let big = "v".repeat(MAX_HEADER_BYTES / 2);
+        let mut starts = vec![HeaderMap::new()];
+        let mut some = HeaderMap::new();
+        some.append("x-team", HeaderValue::from_static("a"));
+        some.append("content-type", HeaderValue::from_static("application/json"));
+        some.append("x-team", HeaderValue::from_static("b"));
+        some.append("authorization", HeaderValue::from_static("Bearer k"));
+        for framing in ["content-length", "host", "connection", "te"] {
+            some.append(framing, HeaderValue::from_static("10"));
+        }
+        starts.push(some);
+        let mut full = HeaderMap::new();
+        for i in 0..MAX_HEADERS {
+            full.append(HeaderName::from_bytes(format!("x-{i}").as_bytes()).unwrap(), HeaderValue::from_static("v"));
+        }
+        full.append("x-team", HeaderValue::from_static("a"));
+        starts.push(full);
+        let mut heavy = HeaderMap::new();
+        heavy.append("x-big", HeaderValue::from_str(&big).unwrap());
+        heavy.append("x-team", HeaderValue::from_str(&big[..big.len() - 20]).unwrap());
+        starts.push(heavy);
+        let listed = |h: &HeaderMap| h.iter().map(|(n, v)| (n.clone(), v.clone())).collect::<Vec<_>>();
+        let mut compared = 0;
+        for start in &starts {
+            for name in names {
+                let (mut by_list, mut by_one) = (start.clone(), start.clone());
+                let listed_result = apply_edits(&mut by_list, &[], &[name.to_string()]);
+                assert_eq!(remove_one(&mut by_one, name), listed_result, "remove {name:?}");
+                assert_eq!(listed(&by_one), listed(&by_list), "remove {name:?}");
+                for value in values.iter().copied().chain([big.as_str()]) {
+                    let (mut by_list, mut by_one) = (start.clone(), start.clone());
+                    let listed_result = apply_edits(&mut by_list, &[(name.into(), value.into())], &[]);
+                    assert_eq!(set_one(&mut by_one, name, value.into()), listed_result, "set {name:?}");
+                    assert_eq!(listed(&by_one), listed(&by_list), "set {name:?}");
+                    compared += 1;
+                }
+            }
+        }
+        assert_eq!(compared, starts.len() * names.len() * (values.len() + 1));
     }
 
     #[test]

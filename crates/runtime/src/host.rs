@@ -318,17 +318,17 @@ impl wit::HostRequest for PluginState {
     }
 
     fn set_header(&mut self, this: Handle, name: String, value: String) -> wasmtime::Result<()> {
-        self.request(&this)?.edit_headers(&[(name, value)], &[]);
+        self.request(&this)?.set_header(&name, value);
         Ok(())
     }
 
     fn remove_header(&mut self, this: Handle, name: String) -> wasmtime::Result<()> {
-        self.request(&this)?.edit_headers(&[], &[name]);
+        self.request(&this)?.remove_header(&name);
         Ok(())
     }
 
     fn set_response_header(&mut self, this: Handle, name: String, value: String) -> wasmtime::Result<()> {
-        self.request(&this)?.set_response_header(name, value);
+        self.request(&this)?.set_response_header(&name, value);
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use http::HeaderMap;
 use sluice_chat::ChatBody;
 
-use crate::headers::apply_edits;
+use crate::headers::{self, apply_edits};
 
 /// The request, as the plugins before the current one left it.
 #[derive(Clone, Debug, Default)]
@@ -74,11 +74,29 @@ impl PluginRequest {
         });
     }
 
-    pub(crate) fn set_response_header(&mut self, name: String, value: String) {
+    pub(crate) fn set_header(&mut self, name: &str, value: String) {
         if self.refused() {
             return;
         }
-        if let Err(why) = apply_edits(&mut self.response_headers, &[(name, value)], &[]) {
+        if let Err(why) = headers::set_one(&mut self.headers, name, value) {
+            self.refuse(why);
+        }
+    }
+
+    pub(crate) fn remove_header(&mut self, name: &str) {
+        if self.refused() {
+            return;
+        }
+        if let Err(why) = headers::remove_one(&mut self.headers, name) {
+            self.refuse(why);
+        }
+    }
+
+    pub(crate) fn set_response_header(&mut self, name: &str, value: String) {
+        if self.refused() {
+            return;
+        }
+        if let Err(why) = headers::set_one(&mut self.response_headers, name, value) {
             self.refuse(why);
         }
     }
