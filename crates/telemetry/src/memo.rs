@@ -100,8 +100,20 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's handles.
-pub(crate) fn with<R>(f: impl FnOnce(&mut Handles) -> R) -> R {
-    HANDLES.with_borrow_mut(f)
+pub(crate) fn with(f: impl FnOnce(&mut Handles)) {
+    let mut f = Some(f);
+    let _ = HANDLES.try_with(|handles| {
+        if let Ok(mut handles) = handles.try_borrow_mut()
+            && let Some(f) = f.take()
+        {
+            f(&mut handles);
+        }
+    });
+    // This thread's table is gone (a request ending as the thread exits)
+    // or in use: a table for this call alone, found through the families.
+    if let Some(f) = f {
+        f(&mut Handles::default());
+    }
 }
 
 #[cfg(test)]
@@ -151,6 +163,29 @@ mod tests {
         assert_eq!(counted(&family, "m", "default/chat"), 7);
         // A prefix of a value, at its address, is another key.
         assert_ne!(Key::of([&b[..12]]), Key::of([&b]));
+    }
+
+    #[test]
+    fn a_call_while_the_table_is_in_use_still_counts() {
+        let family: Family<RequestLabels, Counter> = Family::default();
+        let labels = RequestLabels {
+            route: "r".into(),
+            model: "m".into(),
+            backend: "b".into(),
+            status_class: "2xx",
+            error_code: "",
+        };
+        let count = |handles: &mut Handles| {
+            let l = &labels;
+            let key = Key::of([&l.route, &l.model, &l.backend, l.status_class, l.error_code]);
+            handles.requests.get(key, || labels.clone(), &family).inc();
+        };
+        with(|outer| {
+            count(outer);
+            with(count);
+        });
+        with(count);
+        assert_eq!(family.get_or_create(&labels).get(), 3);
     }
 
     #[test]
