@@ -33,6 +33,20 @@ fn editable(name: &HeaderName) -> bool {
     !HOP_BY_HOP.contains(&name.as_str()) && !NOT_EDITABLE.contains(&name.as_str())
 }
 
+/// Whether a plugin's set of `name` is made; one that is not is noted.
+fn settable(name: &HeaderName) -> bool {
+    let editable = editable(name);
+    if !editable {
+        tracing::debug!(header = %name, "a plugin's edit of a framing or hop-by-hop header was ignored");
+    }
+    editable
+}
+
+/// A header name as a plugin gave it; an invalid one is the plugin's error.
+fn plugin_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))
+}
+
 /// Removes hop-by-hop headers, including any that `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Every request and response passes here, most with `Connection:
@@ -98,10 +112,7 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
     // leave the headers as they were, since under `failurePolicy: Open` the
     // exchange goes on without the plugin (found by the plugin_edits fuzz
     // target: removals applied, then a bad set refused).
-    let removed = remove
-        .iter()
-        .map(|name| HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let removed = remove.iter().map(|name| plugin_name(name)).collect::<Result<Vec<_>, _>>()?;
     // A list, not a map: most edits set one header, and a map's allocation
     // and hashing cost more than the edit (callgrind, the bench chain).
     let mut fresh: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(set.len().min(MAX_HEADERS));
@@ -109,10 +120,9 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
         if fresh.len() >= MAX_HEADERS {
             return Err(format!("it set more than {MAX_HEADERS} headers"));
         }
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+        let name = plugin_name(name)?;
         let value = HeaderValue::from_str(value).map_err(|_| format!("invalid value for header `{name}`"))?;
-        if !editable(&name) {
-            tracing::debug!(header = %name, "a plugin's edit of a framing or hop-by-hop header was ignored");
+        if !settable(&name) {
             continue;
         }
         // Several values of one name in one edit are all kept.
@@ -133,11 +143,10 @@ pub fn apply_edits(headers: &mut HeaderMap, set: &[(String, String)], remove: &[
 /// [`apply_edits`] with one set and nothing removed: most plugin calls make
 /// one edit, and this one allocates no lists (and takes `value` as it is).
 pub fn set_one(headers: &mut HeaderMap, name: &str, value: String) -> Result<(), String> {
-    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+    let name = plugin_name(name)?;
     let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
         .map_err(|_| format!("invalid value for header `{name}`"))?;
-    if !editable(&name) {
-        tracing::debug!(header = %name, "a plugin's edit of a framing or hop-by-hop header was ignored");
+    if !settable(&name) {
         return Ok(());
     }
     let fresh = [(name, value)];
@@ -151,7 +160,7 @@ pub fn set_one(headers: &mut HeaderMap, name: &str, value: String) -> Result<(),
 /// [`apply_edits`] with one removal and nothing set. A removal cannot grow
 /// the headers, so there are no bounds to check.
 pub fn remove_one(headers: &mut HeaderMap, name: &str) -> Result<(), String> {
-    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+    let name = plugin_name(name)?;
     if editable(&name) {
         headers.remove(&name);
     }

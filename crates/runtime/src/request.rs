@@ -58,13 +58,18 @@ impl PluginRequest {
         self.invalid.is_some()
     }
 
-    pub(crate) fn edit_headers(&mut self, set: &[(String, String)], remove: &[String]) {
+    /// Makes a header edit unless one was refused already.
+    fn edit(&mut self, edit: impl FnOnce(&mut Self) -> Result<(), String>) {
         if self.refused() {
             return;
         }
-        if let Err(why) = apply_edits(&mut self.headers, set, remove) {
+        if let Err(why) = edit(self) {
             self.refuse(why);
         }
+    }
+
+    pub(crate) fn edit_headers(&mut self, set: &[(String, String)], remove: &[String]) {
+        self.edit(|request| apply_edits(&mut request.headers, set, remove));
     }
 
     pub(crate) fn set_body(&mut self, body: Vec<u8>) {
@@ -75,30 +80,15 @@ impl PluginRequest {
     }
 
     pub(crate) fn set_header(&mut self, name: &str, value: String) {
-        if self.refused() {
-            return;
-        }
-        if let Err(why) = headers::set_one(&mut self.headers, name, value) {
-            self.refuse(why);
-        }
+        self.edit(|request| headers::set_one(&mut request.headers, name, value));
     }
 
     pub(crate) fn remove_header(&mut self, name: &str) {
-        if self.refused() {
-            return;
-        }
-        if let Err(why) = headers::remove_one(&mut self.headers, name) {
-            self.refuse(why);
-        }
+        self.edit(|request| headers::remove_one(&mut request.headers, name));
     }
 
     pub(crate) fn set_response_header(&mut self, name: &str, value: String) {
-        if self.refused() {
-            return;
-        }
-        if let Err(why) = headers::set_one(&mut self.response_headers, name, value) {
-            self.refuse(why);
-        }
+        self.edit(|request| headers::set_one(&mut request.response_headers, name, value));
     }
 
     /// Makes a body edit; past the body limit, the plugin fails.

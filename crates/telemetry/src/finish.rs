@@ -26,8 +26,12 @@ impl RequestRecord {
     fn count(&self, duration: Duration) {
         let m = metrics();
         let empty = || EMPTY.clone();
-        let (route, model) = (self.route.clone().unwrap_or_else(empty), self.model.clone().unwrap_or_else(empty));
-        let backend = self.backend.clone().unwrap_or_else(empty);
+        // Borrowed: they are cloned into labels only when this thread's
+        // table misses.
+        fn value(label: &Option<Label>) -> &Label {
+            label.as_ref().unwrap_or(&EMPTY)
+        }
+        let (route, model, backend) = (value(&self.route), value(&self.model), value(&self.backend));
         let (status_class, error_code) = (metrics::status_class(self.status), self.error_code.unwrap_or(""));
         // Routed requests also get latency and tokens: they are the ones
         // with a model and a route to tell apart.
@@ -44,12 +48,12 @@ impl RequestRecord {
                 status_class,
                 error_code,
             };
-            let key = Key::of([&route, &model, &backend, status_class, error_code]);
+            let key = Key::of([route, model, backend, status_class, error_code]);
             handles.requests.get(key, labels, &m.requests).inc();
             let (Some(operation), Some(response_model)) = (operation, response_model) else { return };
             let labels = || metrics::RouteLabels { route: route.clone(), model: model.clone() };
             let seconds = duration.as_secs_f64();
-            handles.request_duration.get(Key::of([&route, &model]), labels, &m.request_duration).observe(seconds);
+            handles.request_duration.get(Key::of([route, model]), labels, &m.request_duration).observe(seconds);
             let provider = self.provider;
             let gen_ai = || metrics::GenAiLabels {
                 gen_ai_operation_name: operation,
@@ -57,7 +61,7 @@ impl RequestRecord {
                 gen_ai_request_model: model.clone(),
                 gen_ai_response_model: response_model.clone(),
             };
-            let key = Key::of([operation, provider, &model, &response_model]);
+            let key = Key::of([operation, provider, model, &response_model]);
             handles.gen_ai_request_duration.get(key, gen_ai, &m.gen_ai_request_duration).observe(seconds);
             if let Some(first) = self.first_byte.filter(|_| (200..300).contains(&self.status)) {
                 let histogram = handles.gen_ai_time_to_first_token.get(key, gen_ai, &m.gen_ai_time_to_first_token);
@@ -72,7 +76,7 @@ impl RequestRecord {
                     gen_ai_response_model: response_model.clone(),
                     gen_ai_token_type: token_type,
                 };
-                let key = Key::of([operation, provider, &model, &response_model, token_type]);
+                let key = Key::of([operation, provider, model, &response_model, token_type]);
                 handles.gen_ai_token_usage.get(key, usage, &m.gen_ai_token_usage).observe(count as f64);
                 let labels = || metrics::TokenLabels {
                     route: route.clone(),
@@ -80,7 +84,7 @@ impl RequestRecord {
                     consumer: consumer.clone(),
                     token_type,
                 };
-                let key = Key::of([&route, &model, &consumer, token_type]);
+                let key = Key::of([route, model, &consumer, token_type]);
                 handles.tokens.get(key, labels, &m.tokens).inc_by(count);
             }
         });

@@ -66,7 +66,8 @@ impl<L: Clone + std::hash::Hash + Eq, M: Clone> Remembered<L, M> {
         labels: impl FnOnce() -> L,
         family: &Family<L, M, C>,
     ) -> &M {
-        if !self.entries.contains_key(&key) && self.entries.len() >= MAX_ENTRIES {
+        // Looked up twice only when full: a hit is one lookup.
+        if self.entries.len() >= MAX_ENTRIES && !self.entries.contains_key(&key) {
             self.entries.clear();
         }
         let (_, metric) = self.entries.entry(key).or_insert_with(|| {
