@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, header};
+use http::{HeaderValue, Uri, header};
 use http_body_util::{BodyExt, Full};
 use sluice_core::{ApiError, Condition, Provider};
 use sluice_telemetry::metrics::{BackendLabels, RetryLabels};
@@ -48,7 +48,7 @@ struct Tried {
 pub(crate) async fn forward(
     gateway: &Gateway,
     route: &Route,
-    outgoing: &Outgoing,
+    outgoing: &mut Outgoing,
     record: &mut RequestRecord,
 ) -> Forwarded {
     let policy = &route.decl.retry;
@@ -67,7 +67,10 @@ pub(crate) async fn forward(
             return gave_up();
         };
         let backend = &route.backends[index];
-        let tried = attempt(gateway, route, backend, outgoing, record, needs_error_code).await;
+        // No request follows the last attempt: it takes the headers
+        // rather than a copy.
+        let last = retries + 1 >= attempts;
+        let tried = attempt(gateway, route, backend, outgoing, last, record, needs_error_code).await;
         learn(route, backend, tried.failure);
         let Some(condition) = tried.failure else {
             return Forwarded { response: tried.response, failure: None, backend: Some(index) };
@@ -168,7 +171,8 @@ async fn attempt(
     gateway: &Gateway,
     route: &Route,
     backend: &Backend,
-    outgoing: &Outgoing,
+    outgoing: &mut Outgoing,
+    last: bool,
     record: &mut RequestRecord,
     needs_error_code: bool,
 ) -> Tried {
@@ -178,16 +182,21 @@ async fn attempt(
     };
     let mut request = http::Request::new(Full::new(prepared.body));
     *request.method_mut() = outgoing.method.clone();
-    *request.uri_mut() = match prepared.uri.parse() {
-        Ok(uri) => uri,
-        Err(e) => {
-            let error = ApiError::internal(format!("backend url {}: {e}", backend.label));
-            return Tried { response: Err(error), failure: None, retry_after: None };
-        }
-    };
+    *request.uri_mut() = prepared.uri;
     let headers = request.headers_mut();
-    headers.clone_from(&outgoing.headers);
-    headers.remove(header::HOST);
+    if last {
+        *headers = std::mem::take(&mut outgoing.headers);
+    } else {
+        headers.clone_from(&outgoing.headers);
+    }
+    match backend.target.host() {
+        Some(host) => {
+            headers.insert(header::HOST, host.clone());
+        }
+        None => {
+            headers.remove(header::HOST);
+        }
+    }
     headers.remove(header::CONTENT_LENGTH);
     if backend.provider == Provider::Anthropic {
         provider::anthropic_headers(headers);
@@ -267,7 +276,7 @@ fn head_timeout(route: &Route, backend: &Backend) -> Duration {
 
 /// The request as the backend takes it.
 struct Prepared {
-    uri: String,
+    uri: Uri,
     body: Bytes,
     /// For a translated request: it streams, and whether the client asked
     /// for usage in the stream.
@@ -275,21 +284,23 @@ struct Prepared {
 }
 
 fn prepare(backend: &Backend, outgoing: &Outgoing) -> Result<Prepared, ApiError> {
-    // `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
-    // backend URL names the API root, `/v1` included.
-    let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path);
+    let uri = backend
+        .target
+        .uri(&outgoing.path)
+        .map_err(|e| ApiError::internal(format!("backend url {}: {e}", backend.label)))?;
     match backend.provider {
         Provider::OpenAi => {
             let body = match &backend.model {
                 Some(model) => rewrite_model(&outgoing.body, model)?,
                 None => outgoing.body.clone(),
             };
-            Ok(Prepared { uri: format!("{}{suffix}", backend.url), body, stream: None })
+            Ok(Prepared { uri, body, stream: None })
         }
         Provider::Anthropic => {
+            let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path);
             let (body, stream, include_usage) =
                 provider::anthropic_request(suffix, &outgoing.body, backend.model.as_deref())?;
-            Ok(Prepared { uri: format!("{}/messages", backend.url), body, stream: stream.then_some(include_usage) })
+            Ok(Prepared { uri, body, stream: stream.then_some(include_usage) })
         }
     }
 }

@@ -19,6 +19,7 @@ mod server;
 mod snapshot;
 pub mod source;
 mod sse;
+mod target;
 mod upstream;
 
 pub use admin::refresh_metrics;

@@ -27,13 +27,11 @@ use sluice_runtime::headers::not_utf8;
 use crate::json::Checked;
 use crate::response::{self, BodyLimits};
 use crate::snapshot::{Route, Snapshot};
+use crate::target::FORWARDED;
 
 const REQUEST_ID: &str = request_id::HEADER;
 const TRACEPARENT: &str = "traceparent";
 const UPSTREAM_REQUEST_ID: &str = "x-upstream-request-id";
-
-/// The OpenAI endpoints that carry a `model` and are forwarded.
-const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by
 /// routes with the same auth plugins); models past it are not listed.
@@ -246,7 +244,7 @@ async fn proxy(
             // Plugins that read the response body need it as text, not gzip.
             outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
-        let forwarded = forward(gateway, route, &outgoing, record).await;
+        let forwarded = forward(gateway, route, &mut outgoing, record).await;
         if let Some(condition) = forwarded.failure
             && let Some((next, label, to)) = fallback(snapshot, route, condition, hops)
         {

@@ -18,6 +18,7 @@ use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
 
 use crate::balance::{Balancer, Budget, Health, now_ms};
+use crate::target::Target;
 use crate::upstream::UpstreamClient;
 
 #[derive(Default)]
@@ -61,6 +62,7 @@ pub struct Backend {
     /// the gateway's shared one.
     pub client: Option<UpstreamClient>,
     pub health: Arc<Health>,
+    pub target: Target,
 }
 
 impl Snapshot {
@@ -494,6 +496,7 @@ fn build_route(
                 timeouts: b.timeouts.clone(),
                 client,
                 health,
+                target: Target::new(&b.url, b.provider),
             })
         })
         .collect::<Result<_, String>>()?;
