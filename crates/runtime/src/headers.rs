@@ -44,7 +44,49 @@ fn settable(name: &HeaderName) -> bool {
 
 /// A header name as a plugin gave it; an invalid one is the plugin's error.
 fn plugin_name(name: &str) -> Result<HeaderName, String> {
-    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))
+    parse_name(name).ok_or_else(|| format!("invalid header name `{name}`"))
+}
+
+/// Slots in each thread's table of parsed header names.
+const NAME_SLOTS: usize = 64;
+
+/// The longest name the table keeps.
+const MAX_REMEMBERED_NAME: usize = 64;
+
+type Names = [Option<(Box<str>, HeaderName)>; NAME_SLOTS];
+
+thread_local! {
+    /// Header names as plugins wrote them, parsed: plugins name the same
+    /// few headers on every request, and parsing one that is not a
+    /// standard header allocates it anew. A name here is the one
+    /// `HeaderName::from_bytes` made of exactly that text; each slot holds
+    /// the latest of the names that hash to it.
+    static NAMES: std::cell::RefCell<Names> = const { std::cell::RefCell::new([const { None }; NAME_SLOTS]) };
+}
+
+/// `HeaderName::from_bytes(name)`, remembered per thread.
+pub(crate) fn parse_name(name: &str) -> Option<HeaderName> {
+    if name.len() > MAX_REMEMBERED_NAME {
+        return HeaderName::from_bytes(name.as_bytes()).ok();
+    }
+    // FNV-1a: names are short.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let slot = (hash >> 32) as usize % NAME_SLOTS;
+    let found = NAMES.try_with(|names| {
+        let mut names = names.try_borrow_mut().ok()?;
+        if let Some((text, parsed)) = &names[slot]
+            && **text == *name
+        {
+            return Some(Some(parsed.clone()));
+        }
+        let parsed = HeaderName::from_bytes(name.as_bytes()).ok();
+        if let Some(parsed) = &parsed {
+            names[slot] = Some((name.into(), parsed.clone()));
+        }
+        Some(parsed)
+    });
+    // The table is out of reach only as the thread ends.
+    found.ok().flatten().unwrap_or_else(|| HeaderName::from_bytes(name.as_bytes()).ok())
 }
 
 /// Removes hop-by-hop headers, including any that `Connection` names.
@@ -197,6 +239,28 @@ fn check_size(headers: &HeaderMap, removed: &[HeaderName], fresh: &[(HeaderName,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table gives what parsing gives, for every name and in any order:
+    /// names that share a slot, names that differ only in case, invalid
+    /// and over-long ones, each asked for again after the others.
+    #[test]
+    fn remembered_names_are_the_parsed_names() {
+        let mut names: Vec<String> = (0..300).map(|i| format!("x-header-{i}")).collect();
+        names.extend(
+            ["X-Team", "x-team", "authorization", "Authorization", "content-type", "x-sluice-consumer"]
+                .map(String::from),
+        );
+        names.extend(["", "bad name", "x-é", "a:b", "\0"].map(String::from));
+        names.push("x-".repeat(MAX_REMEMBERED_NAME));
+        for round in 0..3 {
+            for name in names.iter().rev().skip(round).chain(&names) {
+                let expected = HeaderName::from_bytes(name.as_bytes()).ok();
+                assert_eq!(parse_name(name), expected, "{name:?}");
+            }
+        }
+        // While the table is in use, names are still parsed.
+        NAMES.with_borrow_mut(|_| assert_eq!(parse_name("x-team"), Some(HeaderName::from_static("x-team"))));
+    }
 
     #[test]
     fn set_replaces_every_value_and_remove_drops() {

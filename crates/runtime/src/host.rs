@@ -8,7 +8,6 @@ use tracing::Level;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use http::HeaderName;
 use wasmtime::component::Resource;
 
 use crate::bindings::v3::sluice::plugin::types as wit;
@@ -38,6 +37,10 @@ pub(crate) struct PluginState {
     /// its random generators was 5% of a fresh instance's cost (perf).
     wasi: Option<WasiCtx>,
     pub(crate) table: ResourceTable,
+    /// The request the guest borrows during a request hook, as
+    /// [`SERVING`]: one at a time, so it needs no place in `table` (an
+    /// allocation per call).
+    pub(crate) serving: Option<PluginRequest>,
     /// The request the instance serves now, for attributing log lines.
     pub request_id: Option<Arc<str>>,
 }
@@ -61,6 +64,7 @@ impl PluginState {
             tokens,
             wasi: None,
             table: ResourceTable::new(),
+            serving: None,
             request_id: None,
         }
     }
@@ -284,9 +288,18 @@ fn content_into(content: Content) -> sluice_chat::Content {
 
 type Handle = Resource<PluginRequest>;
 
+/// The handle of the request a hook borrows ([`PluginState::serving`]).
+pub(crate) const SERVING: u32 = 0;
+
 impl PluginState {
-    fn request(&mut self, handle: &Handle) -> wasmtime::Result<&mut PluginRequest> {
-        Ok(self.table.get_mut(handle)?)
+    /// The request behind a handle the guest was lent. The component model
+    /// lets a guest use only handles of this type that it was given, for
+    /// the call they were given for; this checks it anyway.
+    pub(crate) fn request(&mut self, handle: &Handle) -> wasmtime::Result<&mut PluginRequest> {
+        match &mut self.serving {
+            Some(request) if handle.rep() == SERVING => Ok(request),
+            _ => wasmtime::bail!("no request behind handle {}", handle.rep()),
+        }
     }
 }
 
@@ -307,16 +320,17 @@ impl wit::HostRequest for PluginState {
         Ok(self.request(&this)?.route.clone())
     }
 
+    // Shadowed by `borrowed.rs`, which calls the same methods.
     fn header(&mut self, this: Handle, name: String) -> wasmtime::Result<Option<String>> {
-        let headers = &self.request(&this)?.headers;
-        let value = HeaderName::from_bytes(name.as_bytes()).ok().and_then(|name| headers.get(name));
-        Ok(value.and_then(|value| value.to_str().ok()).map(String::from))
+        Ok(self.request(&this)?.header(&name))
     }
 
     fn headers(&mut self, this: Handle) -> wasmtime::Result<Vec<(String, String)>> {
         Ok(to_pairs(&self.request(&this)?.headers))
     }
 
+    // This and the next two are shadowed by `borrowed.rs`, which calls the
+    // same methods.
     fn set_header(&mut self, this: Handle, name: String, value: String) -> wasmtime::Result<()> {
         self.request(&this)?.set_header(&name, value);
         Ok(())
@@ -364,6 +378,7 @@ impl wit::HostRequest for PluginState {
         Ok(())
     }
 
+    // Shadowed by `borrowed.rs`, which does the same.
     fn field(&mut self, this: Handle, name: String) -> wasmtime::Result<Option<String>> {
         Ok(self.request(&this)?.body.field(&name))
     }

@@ -16,6 +16,7 @@
 
 mod background;
 mod bindings;
+mod borrowed;
 mod compiler;
 mod crypto;
 mod deadline;

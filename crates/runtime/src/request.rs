@@ -79,6 +79,12 @@ impl PluginRequest {
         });
     }
 
+    /// The first value of header `name`, if it is one and is text.
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
+        let value = self.headers.get(headers::parse_name(name)?)?;
+        value.to_str().ok().map(String::from)
+    }
+
     pub(crate) fn set_header(&mut self, name: &str, value: String) {
         self.edit(|request| headers::set_one(&mut request.headers, name, value));
     }

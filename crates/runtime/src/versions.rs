@@ -35,7 +35,8 @@ impl Version {
 pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
     use wasmtime::component::HasSelf;
     v3::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
-    v2::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)
+    v2::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+    crate::borrowed::add_to_linker(linker)
 }
 
 /// A component ready to instantiate, in its version.
@@ -104,11 +105,11 @@ impl Plugin {
         match self {
             Plugin::V3(plugin) => {
                 // The guest borrows the request for this call only; it lives
-                // in the store's table meanwhile and comes back either way.
-                let handle = store.data_mut().table.push(std::mem::take(request))?;
-                let borrowed = Resource::new_borrow(handle.rep());
+                // in the store meanwhile and comes back either way.
+                store.data_mut().serving = Some(std::mem::take(request));
+                let borrowed = Resource::new_borrow(crate::host::SERVING);
                 let action = plugin.sluice_plugin_filter().call_request_filter(&mut *store, borrowed).await;
-                *request = store.data_mut().table.delete(handle)?;
+                *request = store.data_mut().serving.take().unwrap_or_default();
                 action
             }
             Plugin::V2(plugin) => {
