@@ -120,7 +120,8 @@ fn plugin_request(route: &Route, model: &str, outgoing: &mut Outgoing, max_body_
         outgoing.method.to_string(),
         outgoing.path.clone(),
         model.to_string(),
-        route.decl.key.to_string(),
+        // The route's label is its key as text, made once.
+        String::from(&*route.label),
         std::mem::take(&mut outgoing.headers),
         body,
     );
