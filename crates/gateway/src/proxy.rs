@@ -432,8 +432,9 @@ mod tests {
         }
     }
 
-    /// Starts echo and a gateway serving `chat` → echo through add-header.
-    async fn start() -> (SocketAddr, Arc<Gateway>) {
+    /// Starts echo and a gateway serving `chat` → echo through add-header;
+    /// returns the gateway's address, the gateway and echo's address.
+    async fn start() -> (SocketAddr, Arc<Gateway>, SocketAddr) {
         let (echo, echo_addr) = listen().await;
         tokio::spawn(sluice_echo::serve(echo, Default::default(), std::future::pending()));
         let runtime = Runtime::new(RuntimeConfig { max_instances: 20, ..Default::default() }).unwrap();
@@ -456,7 +457,7 @@ mod tests {
         while !gateway.is_ready() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        (addr, gateway)
+        (addr, gateway, echo_addr)
     }
 
     async fn post(addr: SocketAddr, body: &str) -> (StatusCode, HeaderMap, serde_json::Value) {
@@ -473,7 +474,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_request_runs_the_chain_reaches_the_upstream_and_the_response_hook_runs() {
-        let (addr, _gateway) = start().await;
+        let (addr, _gateway, echo_addr) = start().await;
         let (status, headers, json) =
             post(addr, r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#).await;
         assert_eq!(status, StatusCode::OK, "{json}");
@@ -481,6 +482,9 @@ mod tests {
         let echoed: serde_json::Value =
             serde_json::from_str(json["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
         assert_eq!(echoed["headers"]["x-team"], "search", "{echoed}");
+        // The upstream's own authority, made once per backend, not the
+        // gateway's that the client sent.
+        assert_eq!(echoed["headers"]["host"], echo_addr.to_string(), "{echoed}");
     }
 
     /// Found by the request_json fuzz target (in a copy): these were routed,
@@ -519,7 +523,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn errors_are_openai_shaped() {
-        let (addr, _gateway) = start().await;
+        let (addr, _gateway, _) = start().await;
         let (status, _, json) = post(addr, r#"{"model":"nope","messages":[]}"#).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(json["error"]["code"], "model_not_found", "{json}");
