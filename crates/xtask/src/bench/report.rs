@@ -134,7 +134,11 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     let _ = writeln!(
         out,
         "- Latency: open loop at fixed rates with latency correction, {}; the latency each system adds over \
-         direct at the same percentile, in ms, median over {} round(s) of (system − direct in that round).",
+         direct at the same percentile, in ms, median over {} round(s) of (system − direct in that round). \
+         Added p99 × `{RATIO_BASE}`: in each round, the system's added p99 over `{RATIO_BASE}`'s in the same \
+         round; the median (min–max) over the rounds where `{RATIO_BASE}` added a positive p99. A ratio of \
+         rounds run minutes apart would compare two moods of the host: the p99 at a fixed rate moves several \
+         fold between runs, for every system alike.",
         facts.fixed_load, facts.rounds
     );
     let _ = writeln!(
@@ -173,6 +177,10 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         let _ = write!(header, " added p50 / p99 / p99.9 at {rate}/s (ms) |");
         rule.push_str("---:|");
     }
+    for rate in &facts.rates {
+        let _ = write!(header, " added p99 × {RATIO_BASE} at {rate}/s |");
+        rule.push_str("---:|");
+    }
     header.push_str(" saturation (req/s) | CPU per request (µs) | CPU × ");
     header.push_str(RATIO_BASE);
     header.push_str(" | busy at saturation (% of a core) | steal at saturation (% of its core) |");
@@ -198,6 +206,9 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
         let _ = write!(out, "| {} | {failed} / {sent} |", result.system.name);
         for rate_index in 0..facts.rates.len() {
             let _ = write!(out, " {} |", latency_cell(result, direct, rate_index));
+        }
+        for rate_index in 0..facts.rates.len() {
+            let _ = write!(out, " {} |", p99_ratio_cell(result, direct, base, rate_index));
         }
         let throughput = median(result.rounds.iter().map(|r| Some(r.saturation.ok_per_second())));
         let cpu_cell = micros_cell(result.rounds.iter().map(RoundResult::cpu_per_request).collect());
@@ -254,13 +265,10 @@ fn latency_cell(result: &SystemResults, direct: Option<&SystemResults>, rate_ind
     let cells: Vec<String> = pick
         .iter()
         .map(|percentile| {
-            let per_round = result.rounds.iter().enumerate().map(|(round, r)| {
-                let own = percentile(r.fixed.get(rate_index)?)?;
-                if is_direct {
-                    return Some(own);
-                }
-                let baseline = percentile(direct?.rounds.get(round)?.fixed.get(rate_index)?)?;
-                Some(own - baseline)
+            let per_round = (0..result.rounds.len()).map(|round| match direct {
+                _ if is_direct => percentile(result.rounds[round].fixed.get(rate_index)?),
+                Some(direct) => added(result, direct, round, rate_index, *percentile),
+                None => None,
             });
             match median(per_round) {
                 Some(value) if is_direct => format!("{:.3}", value * 1e3),
@@ -270,6 +278,48 @@ fn latency_cell(result: &SystemResults, direct: Option<&SystemResults>, rate_ind
         })
         .collect();
     cells.join(" / ")
+}
+
+/// The latency `result` added over direct at one percentile, rate and round.
+fn added(
+    result: &SystemResults,
+    direct: &SystemResults,
+    round: usize,
+    rate_index: usize,
+    percentile: fn(&Measurement) -> Option<f64>,
+) -> Option<f64> {
+    let own = percentile(result.rounds.get(round)?.fixed.get(rate_index)?)?;
+    let baseline = percentile(direct.rounds.get(round)?.fixed.get(rate_index)?)?;
+    Some(own - baseline)
+}
+
+/// The added p99 over `base`'s, round by round (the two ran minutes apart
+/// at most), as "median (min–max)". Rounds where `base` added nothing
+/// measurable at p99 give no ratio.
+fn p99_ratio_cell(
+    result: &SystemResults,
+    direct: Option<&SystemResults>,
+    base: Option<&SystemResults>,
+    rate_index: usize,
+) -> String {
+    let (Some(direct), Some(base)) = (direct, base) else { return "—".into() };
+    if result.system.name == DIRECT {
+        return "—".into();
+    }
+    let p99 = |m: &Measurement| m.p99;
+    let ratios: Vec<f64> = (0..result.rounds.len())
+        .filter_map(|round| {
+            let own = added(result, direct, round, rate_index, p99)?;
+            let reference = added(base, direct, round, rate_index, p99).filter(|reference| *reference > 0.0)?;
+            Some(own / reference)
+        })
+        .collect();
+    let spread = min_max(&ratios.iter().copied().map(Some).collect::<Vec<_>>());
+    match (median(ratios.iter().copied().map(Some)), spread) {
+        (Some(median), Some((min, max))) if ratios.len() > 1 => format!("{median:.2} ({min:.2}–{max:.2})"),
+        (Some(median), _) => format!("{median:.2}"),
+        _ => "—".into(),
+    }
 }
 
 fn cpu_per_request(result: &SystemResults) -> Option<f64> {
@@ -344,5 +394,57 @@ mod tests {
         assert_eq!(median([Some(4.0), Some(1.0)].into_iter()), Some(2.5));
         assert_eq!(median([Some(4.0), None].into_iter()), None);
         assert_eq!(median(std::iter::empty()), None);
+    }
+
+    fn system(name: &str) -> &'static System {
+        super::super::systems::SYSTEMS.iter().find(|s| s.name == name).unwrap()
+    }
+
+    /// A system measured over rounds with these p99s (ms) at one rate.
+    fn measured(name: &str, p99s: &[f64]) -> SystemResults {
+        let run = |p99: Option<f64>| Measurement {
+            ok: 1,
+            failed: 0,
+            failures: BTreeMap::new(),
+            seconds: 1.0,
+            p50: Some(0.0),
+            p99,
+            p999: Some(0.0),
+        };
+        let rounds = p99s
+            .iter()
+            .map(|p99| RoundResult {
+                fixed: vec![run(Some(p99 / 1e3))],
+                fixed_cpu_seconds: vec![None],
+                saturation: run(None),
+                cpu_seconds: None,
+                steal_seconds: None,
+                idle_cpu_seconds: None,
+                rss_bytes: None,
+                streams: Vec::new(),
+            })
+            .collect();
+        SystemResults { system: system(name), rounds }
+    }
+
+    /// The ratio pairs each round with the reference's same round, not the
+    /// medians of rounds that ran apart; a round where the reference added
+    /// nothing at p99 gives no ratio.
+    #[test]
+    fn added_p99_is_compared_round_by_round() {
+        let direct = measured(DIRECT, &[1.0, 1.0, 5.0, 1.0]);
+        let base = measured(RATIO_BASE, &[3.0, 2.0, 9.0, 0.5]);
+        let chain = measured("sluice-chain-reused", &[2.0, 3.0, 6.0, 9.0]);
+        // Rounds: (2-1)/(3-1) = 0.5, (3-1)/(2-1) = 2, (6-5)/(9-5) = 0.25;
+        // the last has the reference under direct.
+        assert_eq!(p99_ratio_cell(&chain, Some(&direct), Some(&base), 0), "0.50 (0.25–2.00)");
+        // The ratio of the medians (1.5 added by each) would say 1.00.
+        assert_eq!(latency_cell(&chain, Some(&direct), 0), "+0.000 / +1.500 / +0.000");
+        assert_eq!(latency_cell(&base, Some(&direct), 0), "+0.000 / +1.500 / +0.000");
+        assert_eq!(p99_ratio_cell(&base, Some(&direct), Some(&base), 0), "1.00 (1.00–1.00)");
+        assert_eq!(p99_ratio_cell(&direct, Some(&direct), Some(&base), 0), "—");
+        assert_eq!(p99_ratio_cell(&chain, Some(&direct), None, 0), "—");
+        let quiet = measured(RATIO_BASE, &[1.0, 0.5, 5.0, 1.0]);
+        assert_eq!(p99_ratio_cell(&chain, Some(&direct), Some(&quiet), 0), "—");
     }
 }
