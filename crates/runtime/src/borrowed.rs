@@ -29,46 +29,42 @@ const INLINE: usize = 128;
 pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut types = linker.instance(TYPES)?;
-    types.func_wrap(
-        "[method]request.header",
-        |mut store: StoreContextMut<PluginState>, (this, name): (Resource<PluginRequest>, WasmStr)| {
-            let name = Name::copy(&name, &store)?;
-            Ok((store.data_mut().request(&this)?.header(name.as_str()),))
-        },
-    )?;
-    types.func_wrap(
-        "[method]request.remove-header",
-        |mut store: StoreContextMut<PluginState>, (this, name): (Resource<PluginRequest>, WasmStr)| {
-            let name = Name::copy(&name, &store)?;
-            store.data_mut().request(&this)?.remove_header(name.as_str());
-            Ok(())
-        },
-    )?;
-    types.func_wrap(
-        "[method]request.set-header",
-        |mut store: StoreContextMut<PluginState>, (this, name, value): (Resource<PluginRequest>, WasmStr, WasmStr)| {
-            let (name, value) = (Name::copy(&name, &store)?, value.to_str(&store)?.into_owned());
-            store.data_mut().request(&this)?.set_header(name.as_str(), value);
-            Ok(())
-        },
-    )?;
-    types.func_wrap(
-        "[method]request.set-response-header",
-        |mut store: StoreContextMut<PluginState>, (this, name, value): (Resource<PluginRequest>, WasmStr, WasmStr)| {
-            let (name, value) = (Name::copy(&name, &store)?, value.to_str(&store)?.into_owned());
-            store.data_mut().request(&this)?.set_response_header(name.as_str(), value);
-            Ok(())
-        },
-    )?;
-    types.func_wrap(
-        "[method]request.field",
-        |mut store: StoreContextMut<PluginState>, (this, name): (Resource<PluginRequest>, WasmStr)| {
-            let name = Name::copy(&name, &store)?;
-            Ok((store.data_mut().request(&this)?.body.field(name.as_str()),))
-        },
-    )?;
+    types.func_wrap("[method]request.header", lookup(|request, name| request.header(name)))?;
+    types.func_wrap("[method]request.field", lookup(|request, name| request.body.field(name)))?;
+    types.func_wrap("[method]request.remove-header", |mut store: Cx<'_>, (this, name): (This, WasmStr)| {
+        let name = Name::copy(&name, &store)?;
+        store.data_mut().request(&this)?.remove_header(name.as_str());
+        Ok(())
+    })?;
+    types.func_wrap("[method]request.set-header", set(PluginRequest::set_header))?;
+    types.func_wrap("[method]request.set-response-header", set(PluginRequest::set_response_header))?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// What the calls are given: the store, and the request the guest names.
+type Cx<'a> = StoreContextMut<'a, PluginState>;
+type This = Resource<PluginRequest>;
+
+/// A call `(this, name) -> option<string>` that looks `name` up.
+fn lookup(
+    find: impl Fn(&mut PluginRequest, &str) -> Option<String> + Send + Sync + 'static,
+) -> impl Fn(Cx<'_>, (This, WasmStr)) -> wasmtime::Result<(Option<String>,)> + Send + Sync + 'static {
+    move |mut store, (this, name)| {
+        let name = Name::copy(&name, &store)?;
+        Ok((find(store.data_mut().request(&this)?, name.as_str()),))
+    }
+}
+
+/// A call `(this, name, value)` that keeps `value` under `name`.
+fn set(
+    edit: impl Fn(&mut PluginRequest, &str, String) + Send + Sync + 'static,
+) -> impl Fn(Cx<'_>, (This, WasmStr, WasmStr)) -> wasmtime::Result<()> + Send + Sync + 'static {
+    move |mut store, (this, name, value)| {
+        let (name, value) = (Name::copy(&name, &store)?, value.to_str(&store)?.into_owned());
+        edit(store.data_mut().request(&this)?, name.as_str(), value);
+        Ok(())
+    }
 }
 
 /// A guest's string, copied out of its memory: on the stack when short.
@@ -78,7 +74,7 @@ enum Name {
 }
 
 impl Name {
-    fn copy(text: &WasmStr, store: &StoreContextMut<PluginState>) -> wasmtime::Result<Name> {
+    fn copy(text: &WasmStr, store: &Cx<'_>) -> wasmtime::Result<Name> {
         // Validated as UTF-8 (or transcoded) by `to_str`.
         Ok(match text.to_str(store)? {
             Cow::Borrowed(text) if text.len() <= INLINE => {

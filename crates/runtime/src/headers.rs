@@ -66,8 +66,9 @@ thread_local! {
 
 /// `HeaderName::from_bytes(name)`, remembered per thread.
 pub(crate) fn parse_name(name: &str) -> Option<HeaderName> {
+    let parse = || HeaderName::from_bytes(name.as_bytes()).ok();
     if name.len() > MAX_REMEMBERED_NAME {
-        return HeaderName::from_bytes(name.as_bytes()).ok();
+        return parse();
     }
     // FNV-1a: names are short.
     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
@@ -79,14 +80,14 @@ pub(crate) fn parse_name(name: &str) -> Option<HeaderName> {
         {
             return Some(Some(parsed.clone()));
         }
-        let parsed = HeaderName::from_bytes(name.as_bytes()).ok();
+        let parsed = parse();
         if let Some(parsed) = &parsed {
             names[slot] = Some((name.into(), parsed.clone()));
         }
         Some(parsed)
     });
     // The table is out of reach only as the thread ends.
-    found.ok().flatten().unwrap_or_else(|| HeaderName::from_bytes(name.as_bytes()).ok())
+    found.ok().flatten().unwrap_or_else(parse)
 }
 
 /// Removes hop-by-hop headers, including any that `Connection` names.

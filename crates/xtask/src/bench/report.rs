@@ -307,15 +307,14 @@ fn p99_ratio_cell(
         return "—".into();
     }
     let p99 = |m: &Measurement| m.p99;
-    let ratios: Vec<f64> = (0..result.rounds.len())
+    let ratios: Vec<Option<f64>> = (0..result.rounds.len())
         .filter_map(|round| {
             let own = added(result, direct, round, rate_index, p99)?;
             let reference = added(base, direct, round, rate_index, p99).filter(|reference| *reference > 0.0)?;
-            Some(own / reference)
+            Some(Some(own / reference))
         })
         .collect();
-    let spread = min_max(&ratios.iter().copied().map(Some).collect::<Vec<_>>());
-    match (median(ratios.iter().copied().map(Some)), spread) {
+    match (median(ratios.iter().copied()), min_max(&ratios)) {
         (Some(median), Some((min, max))) if ratios.len() > 1 => format!("{median:.2} ({min:.2}–{max:.2})"),
         (Some(median), _) => format!("{median:.2}"),
         _ => "—".into(),
