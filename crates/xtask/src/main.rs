@@ -48,6 +48,9 @@ enum Task {
     /// Benchmark Sluice side by side with Envoy (+ proxy-wasm) and nginx:
     /// added latency, throughput, CPU per request, memory.
     Bench(bench::Args),
+    /// Build the sluice release binary with profile-guided optimisation,
+    /// trained on the bench's Sluice systems, into target/pgo/sluice.
+    Pgo(bench::pgo::Args),
     /// Build kube-apiserver, kubectl and etcd for the tests (once, into the
     /// user's cache directory) and print their directory.
     Kube,
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         Task::Test { cargo_test_args } => test::test(&cargo_test_args),
         Task::Quickstart(args) => quickstart::main(args),
         Task::Bench(args) => bench::main(args),
+        Task::Pgo(args) => bench::pgo::main(args),
         Task::Kube => {
             let bin = kube::ensure()?;
             println!("{}={}", kube::BIN_DIR_ENV, bin.display());

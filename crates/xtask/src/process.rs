@@ -50,6 +50,26 @@ impl Running {
         }
         Ok(())
     }
+
+    /// Stops it as an operator would, with SIGTERM, and waits up to
+    /// `timeout` for it to exit; fails unless it exits successfully.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<()> {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait()? {
+                Some(status) if status.success() => return Ok(()),
+                Some(status) => bail!(
+                    "{} exited {status} on SIGTERM; last lines of {}:\n{}",
+                    self.name,
+                    self.log.display(),
+                    log_tail(&self.log, 20)
+                ),
+                None if Instant::now() > deadline => bail!("{} did not exit within {timeout:?} of SIGTERM", self.name),
+                None => thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
 }
 
 impl Drop for Running {

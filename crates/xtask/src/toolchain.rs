@@ -75,6 +75,31 @@ pub fn ensure_wasm_targets(targets: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The host's target triple, from `rustc -vV`.
+pub fn host_triple() -> Result<String> {
+    let verbose = output(Command::new("rustc").arg("-vV"))?;
+    let host = verbose.lines().find_map(|line| line.strip_prefix("host: "));
+    Ok(host.context("`rustc -vV` names no host")?.trim().to_owned())
+}
+
+/// `llvm-profdata` of the LLVM the active rustc is built on (the rustup
+/// component `llvm-tools`, added unless it is there): a profile must be
+/// merged by the LLVM that wrote its format.
+pub fn llvm_profdata() -> Result<PathBuf> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed"]))?;
+    if installed.lines().any(|line| line.starts_with("llvm-tools")) {
+        println!("rustup component llvm-tools: installed");
+    } else {
+        run(Command::new("rustup").args(["component", "add", "llvm-tools"]))?;
+    }
+    let sysroot = output(Command::new("rustc").args(["--print", "sysroot"]))?;
+    let binary = Path::new(sysroot.trim()).join("lib/rustlib").join(host_triple()?).join("bin/llvm-profdata");
+    if !binary.is_file() {
+        bail!("the llvm-tools component has no {}", binary.display());
+    }
+    Ok(binary)
+}
+
 /// The venv with [`PYTHON_TOOLS`]: `target/tools/venv`.
 pub fn tools_venv() -> PathBuf {
     target_dir().join("tools").join("venv")

@@ -25,6 +25,7 @@
 
 mod http;
 mod oha;
+pub mod pgo;
 mod procfs;
 mod report;
 mod setup;
@@ -138,24 +139,8 @@ pub fn main(mut args: Args) -> Result<()> {
 
     let workdir = tempfile::tempdir()?;
     let body = request_body(args.body, workdir.path())?;
-    let (echo_addr, upstream_addr) = (process::free_local_addr()?, process::free_local_addr()?);
-    step("Starting the upstream (nginx, fixed response) and the echo upstream (for the checks)");
-    let mut echo = {
-        let mut cmd = pinned(args.load_core, &tools.sluice);
-        cmd.args(["echo-upstream", "--listen", &echo_addr.to_string()]).env("RUST_LOG", "warn");
-        Running::spawn("echo upstream", cmd, &workdir.path().join("echo.log"))?
-    };
-    let mut upstream = systems::start_nginx(
-        "upstream nginx",
-        "tests/bench/nginx/upstream.conf.tmpl",
-        &tools,
-        &workdir.path().join("upstream"),
-        args.load_core,
-        &[("LISTEN_ADDR", upstream_addr.to_string()), ("ECHO_ADDR", echo_addr.to_string())],
-    )?;
-    process::wait_for_listener(echo_addr, &mut [&mut echo], READY_TIMEOUT)?;
-
-    let bench = Bench { args: &args, tools: &tools, body: &body, upstream: upstream_addr };
+    let mut upstreams = Upstreams::start(&tools, workdir.path(), args.load_core)?;
+    let bench = Bench { tools: &tools, body: &body, upstream: upstreams.addr, load_core: args.load_core };
     let mut results: Vec<SystemResults> =
         systems.iter().map(|&system| SystemResults { system, rounds: Vec::new() }).collect();
     for round in 1..=args.rounds {
@@ -163,7 +148,7 @@ pub fn main(mut args: Args) -> Result<()> {
             step(&format!("Round {round}/{}: {}", args.rounds, result.system.name));
             let dir = workdir.path().join(format!("round{round}-{index}-{}", result.system.name));
             fs::create_dir(&dir)?;
-            let measured = bench.measure(result.system, &dir)?;
+            let measured = bench.measure(&args, result.system, &dir)?;
             println!("{}", report::summary_line(&measured, &args.rates));
             if measured.fixed.iter().chain([&measured.saturation]).any(|m| m.failed > 0) {
                 show_log_tails(&dir);
@@ -171,11 +156,10 @@ pub fn main(mut args: Args) -> Result<()> {
             result.rounds.push(measured);
             // The shared processes must have lived through it, or the
             // figures describe their failure.
-            echo.check_alive()?;
-            upstream.check_alive()?;
+            upstreams.check_alive()?;
         }
     }
-    drop((upstream, echo));
+    drop(upstreams);
 
     let load_after = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let facts = report::Facts {
@@ -257,12 +241,50 @@ fn selected_systems(names: &[String]) -> Result<Vec<&'static System>> {
         .collect())
 }
 
+/// The upstreams every system is put in front of, on the load core: nginx
+/// answering a fixed chat completion, which it hands to the echo upstream
+/// when asked to (the checks, the streams).
+struct Upstreams {
+    echo: Running,
+    nginx: systems::ProcessTree,
+    /// nginx's address.
+    addr: SocketAddr,
+}
+
+impl Upstreams {
+    fn start(tools: &Tools, dir: &Path, core: u32) -> Result<Self> {
+        let (echo_addr, addr) = (process::free_local_addr()?, process::free_local_addr()?);
+        step("Starting the upstream (nginx, fixed response) and the echo upstream (for the checks)");
+        let mut echo = {
+            let mut cmd = pinned(core, &tools.sluice);
+            cmd.args(["echo-upstream", "--listen", &echo_addr.to_string()]).env("RUST_LOG", "warn");
+            Running::spawn("echo upstream", cmd, &dir.join("echo.log"))?
+        };
+        let nginx = systems::start_nginx(
+            "upstream nginx",
+            "tests/bench/nginx/upstream.conf.tmpl",
+            tools,
+            &dir.join("upstream"),
+            core,
+            &[("LISTEN_ADDR", addr.to_string()), ("ECHO_ADDR", echo_addr.to_string())],
+        )?;
+        process::wait_for_listener(echo_addr, &mut [&mut echo], READY_TIMEOUT)?;
+        Ok(Upstreams { echo, nginx, addr })
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.echo.check_alive()?;
+        self.nginx.check_alive()
+    }
+}
+
 /// What one run needs to start and load a system.
 struct Bench<'a> {
-    args: &'a Args,
     tools: &'a Tools,
     body: &'a Body,
     upstream: SocketAddr,
+    /// Where oha runs.
+    load_core: u32,
 }
 
 /// What `work` returns, and the CPU time the system's process tree spent
@@ -276,8 +298,8 @@ fn cpu_during<T>(gateway: &systems::Started, work: impl FnOnce() -> Result<T>) -
 
 impl Bench<'_> {
     /// Starts `system` fresh, checks it, and measures it.
-    fn measure(&self, system: &System, dir: &Path) -> Result<RoundResult> {
-        let mut gateway = system.start(self.tools, dir, self.upstream, self.args.gateway_core, self.args.routes)?;
+    fn measure(&self, args: &Args, system: &System, dir: &Path) -> Result<RoundResult> {
+        let mut gateway = system.start(self.tools, dir, self.upstream, args.gateway_core, args.routes)?;
         self.wait_until_served(system, &mut gateway)?;
         wait_for_snapshots(system, &mut gateway)?;
         check_work(system, &self.body.json, &gateway)?;
@@ -288,21 +310,21 @@ impl Bench<'_> {
         })?;
 
         let url = format!("http://{}/v1/chat/completions", gateway.addr);
-        let max_rate = self.args.rates.iter().copied().max().unwrap_or(500);
-        let warmup = self.oha(system, &url, Load::fixed(max_rate, self.args.connections, &self.args.warmup))?;
+        let max_rate = args.rates.iter().copied().max().unwrap_or(500);
+        let warmup = self.oha(system, &url, Load::fixed(max_rate, args.connections, &args.warmup))?;
         if warmup.failed > 0 {
             println!("  warm-up: {} of {} requests failed", warmup.failed, warmup.total());
         }
         let (mut fixed, mut fixed_cpu_seconds) = (Vec::new(), Vec::new());
-        for &rate in &self.args.rates {
-            let load = Load::fixed(rate, self.args.connections, &self.args.duration);
+        for &rate in &args.rates {
+            let load = Load::fixed(rate, args.connections, &args.duration);
             let (measured, cpu) = cpu_during(&gateway, || self.oha(system, &url, load))?;
             fixed.push(measured);
             fixed_cpu_seconds.push(cpu);
         }
 
-        let load = Load::closed(self.args.saturation_connections, &self.args.saturation_duration);
-        let steal = || gateway.pid().and_then(|_| procfs::core_steal_seconds(self.args.gateway_core).ok());
+        let load = Load::closed(args.saturation_connections, &args.saturation_duration);
+        let steal = || gateway.pid().and_then(|_| procfs::core_steal_seconds(args.gateway_core).ok());
         let steal_before = steal();
         let (saturation, cpu_seconds) = cpu_during(&gateway, || self.oha(system, &url, load))?;
         let steal_seconds = steal_before.zip(steal()).map(|(before, after)| after - before);
@@ -356,7 +378,7 @@ impl Bench<'_> {
 
     fn oha(&self, system: &System, url: &str, load: Load) -> Result<Measurement> {
         let headers = request_headers(system, false);
-        oha::run(url, &self.body.path, &headers, &load, self.args.load_core)
+        oha::run(url, &self.body.path, &headers, &load, self.load_core)
     }
 }
 

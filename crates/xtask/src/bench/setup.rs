@@ -32,9 +32,9 @@ const FILTER_TARGET: &str = "wasm32-unknown-unknown";
 pub struct Tools {
     pub sluice: PathBuf,
     pub nginx: PathBuf,
-    pub envoy: PathBuf,
-    pub litellm: PathBuf,
-    pub proxy_wasm_filter: PathBuf,
+    /// The systems Sluice is compared with; not set up for what runs Sluice
+    /// alone (the training of `cargo xtask pgo`).
+    peers: Option<Peers>,
     pub plugins_dist: PathBuf,
     /// Plugins as built for `sluice:plugin@0.2.0`.
     pub plugins_v02: PathBuf,
@@ -44,17 +44,22 @@ pub struct Tools {
     pub versions: Vec<(String, String)>,
 }
 
+pub struct Peers {
+    pub envoy: PathBuf,
+    pub litellm: PathBuf,
+    pub proxy_wasm_filter: PathBuf,
+}
+
+impl Tools {
+    pub fn peers(&self) -> Result<&Peers> {
+        self.peers.as_ref().context("Envoy and LiteLLM are not set up: only Sluice's systems can run here")
+    }
+}
+
 /// Sets everything up; the sluice binary under test is `given` (an A/B of
 /// two builds), else the release build of this tree.
 pub fn prepare(given: Option<&Path>) -> Result<Tools> {
     step("Setup: oha, nginx, Envoy, LiteLLM, the proxy-wasm filter, the plugins and sluice (release)");
-    ensure_oha()?;
-    toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
-    // Also makes the tools venv that Envoy and LiteLLM go into.
-    plugins::build()?;
-    let envoy = ensure_envoy()?;
-    let litellm = ensure_litellm()?;
-    let proxy_wasm_filter = build_filter()?;
     let sluice = match given {
         Some(binary) => absolute(binary)?,
         None => {
@@ -63,33 +68,37 @@ pub fn prepare(given: Option<&Path>) -> Result<Tools> {
             absolute(&sluice_binary("release"))?
         }
     };
-
-    let nginx =
-        PathBuf::from(output(Command::new("sh").args(["-c", "command -v nginx || echo /usr/sbin/nginx"]))?.trim());
-    let versions = vec![
+    let mut tools = prepare_sluice_side(sluice)?;
+    let peers = Peers { envoy: ensure_envoy()?, litellm: ensure_litellm()?, proxy_wasm_filter: build_filter()? };
+    tools.versions = vec![
         // A given build is not this tree's revision.
-        ("sluice".into(), given.map_or_else(sluice_revision, |_| format!("{} (given)", sluice.display()))),
+        ("sluice".into(), given.map_or_else(sluice_revision, |_| format!("{} (given)", tools.sluice.display()))),
         ("rustc".into(), first_line(&output(Command::new("rustc").arg("--version"))?)),
         ("oha".into(), first_line(&output(Command::new("oha").arg("--version"))?)),
-        ("nginx".into(), first_line(&stdout_and_stderr(Command::new(&nginx).arg("-v"))?)),
-        ("envoy".into(), envoy_version(&output(Command::new(&envoy).arg("--version"))?)),
+        ("nginx".into(), first_line(&stdout_and_stderr(Command::new(&tools.nginx).arg("-v"))?)),
+        ("envoy".into(), envoy_version(&output(Command::new(&peers.envoy).arg("--version"))?)),
         ("litellm".into(), LITELLM_VERSION.into()),
         ("proxy-wasm (crate)".into(), locked_version("tests/bench/proxy-wasm-filter/Cargo.lock", "proxy-wasm")?),
     ];
+    tools.peers = Some(peers);
+    Ok(tools)
+}
+
+/// What Sluice's systems alone need, `sluice` their binary: oha, nginx
+/// (the upstream) and the plugins.
+pub fn prepare_sluice_side(sluice: PathBuf) -> Result<Tools> {
+    ensure_oha()?;
+    toolchain::ensure_debian_packages(&[NGINX_PACKAGE])?;
+    // Also makes the tools venv that Envoy and LiteLLM go into.
+    plugins::build()?;
+    let nginx =
+        PathBuf::from(output(Command::new("sh").args(["-c", "command -v nginx || echo /usr/sbin/nginx"]))?.trim());
     let sluice_cache = absolute(&target_dir().join("bench").join("sluice-cache"))?;
     fs::create_dir_all(&sluice_cache)?;
-    Ok(Tools {
-        sluice,
-        nginx,
-        envoy,
-        litellm,
-        proxy_wasm_filter,
-        plugins_dist: fs::canonicalize("plugins/dist").context("plugins/dist is missing")?,
-        plugins_v02: fs::canonicalize("tests/fixtures/plugins-v0.2")
-            .context("tests/fixtures/plugins-v0.2 is missing")?,
-        sluice_cache,
-        versions,
-    })
+    let plugins_dist = fs::canonicalize("plugins/dist").context("plugins/dist is missing")?;
+    let plugins_v02 =
+        fs::canonicalize("tests/fixtures/plugins-v0.2").context("tests/fixtures/plugins-v0.2 is missing")?;
+    Ok(Tools { sluice, nginx, peers: None, plugins_dist, plugins_v02, sluice_cache, versions: Vec::new() })
 }
 
 fn ensure_oha() -> Result<()> {

@@ -287,6 +287,12 @@ impl Started {
     pub fn check_alive(&mut self) -> Result<()> {
         self.tree.as_mut().map_or(Ok(()), ProcessTree::check_alive)
     }
+
+    /// Stops it with SIGTERM and waits for it to exit, as a build that
+    /// writes a profile at exit needs (dropping it kills it).
+    pub fn stop(mut self, timeout: Duration) -> Result<()> {
+        self.tree.as_mut().map_or(Ok(()), |tree| tree.running.terminate(timeout))
+    }
 }
 
 /// A started process and its descendants, all stopped when dropped:
@@ -397,10 +403,10 @@ impl System {
                 Ok(Started { addr: listen, admin: Some(admin), tree, _beside: beside })
             }
             Kind::Envoy(template) => {
-                values.push(("FILTER_WASM", tools.proxy_wasm_filter.display().to_string()));
+                values.push(("FILTER_WASM", tools.peers()?.proxy_wasm_filter.display().to_string()));
                 let config = dir.join("envoy.yaml");
                 render(template, &config, &values)?;
-                let mut cmd = pinned(core, &tools.envoy);
+                let mut cmd = pinned(core, &tools.peers()?.envoy);
                 cmd.arg("-c").arg(&config).args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn"]);
                 let mut running = Running::spawn(self.name, cmd, &dir.join("envoy.log"))?;
                 process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
@@ -422,7 +428,7 @@ impl System {
                 let config = dir.join("config.yaml");
                 render(template, &config, &values)?;
                 render(LITELLM_HOOK, &dir.join("decorate.py"), &values)?;
-                let mut cmd = pinned(core, &tools.litellm);
+                let mut cmd = pinned(core, &tools.peers()?.litellm);
                 cmd.arg("--config")
                     .arg(&config)
                     .args(["--host", "127.0.0.1", "--port", &listen.port().to_string(), "--num_workers", "1"])
