@@ -39,8 +39,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The systems to train on: a route with no plugin, and the first-party
-    /// chain and JWT auth in both isolation modes. Leaving some of the
+    /// The systems to train on: a route with no plugin, the first-party
+    /// chain in both isolation modes, and JWT auth. Leaving some of the
     /// bench's systems out shows whether the profile carries over to them.
     #[arg(
         long,
@@ -96,8 +96,8 @@ fn build(args: &Args) -> Result<PathBuf> {
     let instrumented = release_build(&pgo_dir.join("generate"), &format!("-Cprofile-generate={}", raw.display()))?;
     let mut tools = setup::prepare_sluice_side(instrumented)?;
     let workdir = tempfile::tempdir()?;
-    // An empty plugin cache: the first system compiles its plugins, so the
-    // compiler's path is trained too, and the next ones load them.
+    // An empty plugin cache: the plugins are compiled in training, so the
+    // compiler's path is trained too, then loaded from the cache.
     tools.sluice_cache = workdir.path().join("compiled");
     train(args, &tools, &systems, workdir.path())?;
 
