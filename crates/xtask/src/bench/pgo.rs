@@ -120,6 +120,14 @@ fn build(args: &Args) -> Result<PathBuf> {
     // built with the old one.
     let bytes = fs::read(&merged)?;
     let named = pgo_dir.join(format!("sluice-{}.profdata", &hex::encode(Sha256::digest(&bytes))[..16]));
+    // Earlier profiles (tens of MB each) serve no build any more.
+    for entry in fs::read_dir(&pgo_dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+        if name.starts_with("sluice-") && name.ends_with(".profdata") {
+            fs::remove_file(&path)?;
+        }
+    }
     fs::rename(&merged, &named)?;
 
     step("Building sluice (release) with the profile");
