@@ -54,7 +54,7 @@ impl Running {
     /// Stops it as an operator would, with SIGTERM, and waits up to
     /// `timeout` for it to exit; fails unless it exits successfully.
     pub fn terminate(&mut self, timeout: Duration) -> Result<()> {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        signal("TERM", self.child.id());
         let deadline = Instant::now() + timeout;
         loop {
             match self.child.try_wait()? {
@@ -70,6 +70,12 @@ impl Running {
             }
         }
     }
+}
+
+/// Sends signal `name` (TERM, KILL) to `pid`.
+pub fn signal(name: &str, pid: u32) {
+    // Errors mean it has exited already.
+    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
 }
 
 impl Drop for Running {

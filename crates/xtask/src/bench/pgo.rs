@@ -166,10 +166,12 @@ fn train(args: &Args, tools: &Tools, systems: &[&System], workdir: &Path) -> Res
         fs::create_dir(&dir)?;
         let mut gateway = system.start(tools, &dir, upstreams.addr, args.gateway_core, 1)?;
         let url = format!("http://{}/v1/chat/completions", gateway.addr);
-        for body in &bodies {
-            let bench = Bench { tools, body, upstream: upstreams.addr, load_core: args.load_core };
-            bench.wait_until_served(system, &mut gateway)?;
-            wait_for_snapshots(system, &mut gateway)?;
+        let benches =
+            bodies.each_ref().map(|body| Bench { tools, body, upstream: upstreams.addr, load_core: args.load_core });
+        benches[0].wait_until_served(system, &mut gateway)?;
+        wait_for_snapshots(system, &mut gateway)?;
+        for bench in &benches {
+            let body = bench.body;
             check_work(system, &body.json, &gateway)?;
             for load in [Load::closed(64, &args.duration), Load::fixed(args.rate, 16, &args.duration)] {
                 let measured = bench.oha(system, &url, load)?;

@@ -321,22 +321,17 @@ impl Drop for ProcessTree {
         if !descendants.is_empty() {
             // nginx's master stops its workers on TERM; the root itself
             // stays a zombie until `Running` reaps it.
-            signal("TERM", self.pid);
+            process::signal("TERM", self.pid);
             let deadline = Instant::now() + Duration::from_secs(5);
             while descendants.iter().any(procfs::Process::is_running) && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(50));
             }
             for process in descendants.iter().filter(|process| process.is_running()) {
-                signal("KILL", process.pid);
+                process::signal("KILL", process.pid);
             }
         }
         // Then `running` is dropped, which kills and reaps the root.
     }
-}
-
-fn signal(name: &str, pid: u32) {
-    // Errors mean it has exited already.
-    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
 }
 
 impl System {
