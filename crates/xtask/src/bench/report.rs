@@ -255,6 +255,50 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     for result in results {
         let _ = writeln!(out, "- `{}`: {}.", result.system.name, result.system.about);
     }
+    if facts.rounds > 1 {
+        out.push_str(&rounds_table(&facts.rates, results, direct, base));
+    }
+    out
+}
+
+/// Each round's added p99 at each rate (with its ratio to `RATIO_BASE`'s in
+/// the same round) and CPU per request: what the medians above are taken
+/// over, so that runs can be pooled and a round that swung shows.
+fn rounds_table(
+    rates: &[u32],
+    results: &[SystemResults],
+    direct: Option<&SystemResults>,
+    base: Option<&SystemResults>,
+) -> String {
+    let mut out = String::from("\nRound by round, the added p99 in ms (× `");
+    out.push_str(RATIO_BASE);
+    out.push_str("`'s in that round) and the CPU per request at saturation:\n\n| system | round |");
+    let mut rule = String::from("|---|---:|");
+    for rate in rates {
+        let _ = write!(out, " added p99 at {rate}/s |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(out, " CPU per request (µs) |\n{rule}---:|");
+    let p99 = |m: &Measurement| m.p99;
+    for result in results.iter().filter(|result| result.system.name != DIRECT) {
+        for (round, measured) in result.rounds.iter().enumerate() {
+            let _ = write!(out, "| {} | {} |", result.system.name, round + 1);
+            for rate_index in 0..rates.len() {
+                let own = direct.and_then(|direct| added(result, direct, round, rate_index, p99));
+                let reference = direct
+                    .zip(base)
+                    .and_then(|(direct, base)| added(base, direct, round, rate_index, p99))
+                    .filter(|reference| *reference > 0.0);
+                let _ = match (own, reference) {
+                    (Some(own), Some(reference)) => write!(out, " {:+.3} ({:.2}) |", own * 1e3, own / reference),
+                    (Some(own), None) => write!(out, " {:+.3} |", own * 1e3),
+                    (None, _) => write!(out, " — |"),
+                };
+            }
+            let cpu = measured.cpu_per_request().map_or("—".into(), |cpu| format!("{:.1}", cpu * 1e6));
+            let _ = writeln!(out, " {cpu} |");
+        }
+    }
     out
 }
 
@@ -445,5 +489,23 @@ mod tests {
         assert_eq!(p99_ratio_cell(&chain, Some(&direct), None, 0), "—");
         let quiet = measured(RATIO_BASE, &[1.0, 0.5, 5.0, 1.0]);
         assert_eq!(p99_ratio_cell(&chain, Some(&direct), Some(&quiet), 0), "—");
+
+        // Each round as measured: the ratios the cell took its median of.
+        let table = rounds_table(&[500], &[direct, base, chain], None, None);
+        assert!(table.contains("| sluice-chain-reused | 4 | — | — |"), "{table}");
+        let results = [measured(DIRECT, &[1.0, 1.0, 5.0, 1.0]), measured(RATIO_BASE, &[3.0, 2.0, 9.0, 0.5])];
+        let chain = measured("sluice-chain-reused", &[2.0, 3.0, 6.0, 9.0]);
+        let table = rounds_table(&[500], &[chain], Some(&results[0]), Some(&results[1]));
+        let rows: Vec<&str> = table.lines().filter(|line| line.starts_with("| sluice-chain-reused")).collect();
+        assert_eq!(
+            rows,
+            [
+                "| sluice-chain-reused | 1 | +1.000 (0.50) | — |",
+                "| sluice-chain-reused | 2 | +2.000 (2.00) | — |",
+                "| sluice-chain-reused | 3 | +1.000 (0.25) | — |",
+                "| sluice-chain-reused | 4 | +8.000 | — |",
+            ]
+        );
+        assert!(!table.contains("| direct |"), "{table}");
     }
 }
