@@ -493,6 +493,8 @@ mod tests {
         // Each round as measured: the ratios the cell took its median of.
         let table = rounds_table(&[500], &[direct, base, chain], None, None);
         assert!(table.contains("| sluice-chain-reused | 4 | — | — |"), "{table}");
+        assert!(table.contains("| envoy-proxy-wasm | 1 |"), "{table}");
+        assert!(!table.contains("| direct |"), "direct is the baseline, not a row: {table}");
         let results = [measured(DIRECT, &[1.0, 1.0, 5.0, 1.0]), measured(RATIO_BASE, &[3.0, 2.0, 9.0, 0.5])];
         let chain = measured("sluice-chain-reused", &[2.0, 3.0, 6.0, 9.0]);
         let table = rounds_table(&[500], &[chain], Some(&results[0]), Some(&results[1]));
@@ -506,6 +508,5 @@ mod tests {
                 "| sluice-chain-reused | 4 | +8.000 | — |",
             ]
         );
-        assert!(!table.contains("| direct |"), "{table}");
     }
 }
