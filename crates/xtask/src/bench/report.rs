@@ -279,20 +279,14 @@ fn rounds_table(
         rule.push_str("---:|");
     }
     let _ = writeln!(out, " CPU per request (µs) |\n{rule}---:|");
-    let p99 = |m: &Measurement| m.p99;
     for result in results.iter().filter(|result| result.system.name != DIRECT) {
         for (round, measured) in result.rounds.iter().enumerate() {
             let _ = write!(out, "| {} | {} |", result.system.name, round + 1);
             for rate_index in 0..rates.len() {
-                let own = direct.and_then(|direct| added(result, direct, round, rate_index, p99));
-                let reference = direct
-                    .zip(base)
-                    .and_then(|(direct, base)| added(base, direct, round, rate_index, p99))
-                    .filter(|reference| *reference > 0.0);
-                let _ = match (own, reference) {
-                    (Some(own), Some(reference)) => write!(out, " {:+.3} ({:.2}) |", own * 1e3, own / reference),
-                    (Some(own), None) => write!(out, " {:+.3} |", own * 1e3),
-                    (None, _) => write!(out, " — |"),
+                let _ = match direct.and_then(|direct| added_p99(result, direct, base, round, rate_index)) {
+                    Some((own, Some(ratio))) => write!(out, " {:+.3} ({ratio:.2}) |", own * 1e3),
+                    Some((own, None)) => write!(out, " {:+.3} |", own * 1e3),
+                    None => write!(out, " — |"),
                 };
             }
             let cpu = measured.cpu_per_request().map_or("—".into(), |cpu| format!("{:.1}", cpu * 1e6));
@@ -350,19 +344,30 @@ fn p99_ratio_cell(
     if result.system.name == DIRECT {
         return "—".into();
     }
-    let p99 = |m: &Measurement| m.p99;
     let ratios: Vec<Option<f64>> = (0..result.rounds.len())
-        .filter_map(|round| {
-            let own = added(result, direct, round, rate_index, p99)?;
-            let reference = added(base, direct, round, rate_index, p99).filter(|reference| *reference > 0.0)?;
-            Some(Some(own / reference))
-        })
+        .filter_map(|round| added_p99(result, direct, Some(base), round, rate_index)?.1.map(Some))
         .collect();
     match (median(ratios.iter().copied()), min_max(&ratios)) {
         (Some(median), Some((min, max))) if ratios.len() > 1 => format!("{median:.2} ({min:.2}–{max:.2})"),
         (Some(median), _) => format!("{median:.2}"),
         _ => "—".into(),
     }
+}
+
+/// The p99 `result` added over direct in one round at one rate, and its
+/// ratio to what `base` added in the same round (none where `base` added
+/// nothing measurable).
+fn added_p99(
+    result: &SystemResults,
+    direct: &SystemResults,
+    base: Option<&SystemResults>,
+    round: usize,
+    rate_index: usize,
+) -> Option<(f64, Option<f64>)> {
+    let p99 = |m: &Measurement| m.p99;
+    let own = added(result, direct, round, rate_index, p99)?;
+    let reference = base.and_then(|base| added(base, direct, round, rate_index, p99)).filter(|r| *r > 0.0);
+    Some((own, reference.map(|reference| own / reference)))
 }
 
 fn cpu_per_request(result: &SystemResults) -> Option<f64> {
