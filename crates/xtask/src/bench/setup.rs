@@ -26,6 +26,8 @@ const LITELLM_VERSION: &str = "1.106.12";
 const NGINX_PACKAGE: &str = "nginx";
 const FILTER_MANIFEST: &str = "tests/bench/proxy-wasm-filter/Cargo.toml";
 const FILTER_TARGET: &str = "wasm32-unknown-unknown";
+const HYPER_PROXY_MANIFEST: &str = "tests/bench/hyper-proxy/Cargo.toml";
+const HYPER_PROXY_LOCK: &str = "tests/bench/hyper-proxy/Cargo.lock";
 
 /// Where everything is, once [`prepare`] has run. Paths are absolute: the
 /// configs that name them live in a temporary directory.
@@ -48,6 +50,8 @@ pub struct Peers {
     pub envoy: PathBuf,
     pub litellm: PathBuf,
     pub proxy_wasm_filter: PathBuf,
+    /// The bare hyper proxy of tests/bench/hyper-proxy.
+    pub hyper_proxy: PathBuf,
 }
 
 impl Tools {
@@ -69,7 +73,12 @@ pub fn prepare(given: Option<&Path>) -> Result<Tools> {
         }
     };
     let mut tools = prepare_sluice_side(sluice)?;
-    let peers = Peers { envoy: ensure_envoy()?, litellm: ensure_litellm()?, proxy_wasm_filter: build_filter()? };
+    let peers = Peers {
+        envoy: ensure_envoy()?,
+        litellm: ensure_litellm()?,
+        proxy_wasm_filter: build_filter()?,
+        hyper_proxy: build_hyper_proxy()?,
+    };
     tools.versions = vec![
         // A given build is not this tree's revision.
         ("sluice".into(), given.map_or_else(sluice_revision, |_| format!("{} (given)", tools.sluice.display()))),
@@ -79,6 +88,7 @@ pub fn prepare(given: Option<&Path>) -> Result<Tools> {
         ("envoy".into(), envoy_version(&output(Command::new(&peers.envoy).arg("--version"))?)),
         ("litellm".into(), LITELLM_VERSION.into()),
         ("proxy-wasm (crate)".into(), locked_version("tests/bench/proxy-wasm-filter/Cargo.lock", "proxy-wasm")?),
+        ("hyper (hyper-proxy)".into(), locked_version(HYPER_PROXY_LOCK, "hyper")?),
     ];
     tools.peers = Some(peers);
     Ok(tools)
@@ -177,6 +187,21 @@ fn build_filter() -> Result<PathBuf> {
     absolute(&wasm)
 }
 
+/// Builds the bare hyper proxy (its own workspace) into target/bench/.
+fn build_hyper_proxy() -> Result<PathBuf> {
+    step("Building the bare hyper proxy (tests/bench/hyper-proxy)");
+    let target = target_dir().join("bench").join("hyper-proxy");
+    run(cargo()
+        .args(["build", "--release", "--locked", "--manifest-path", HYPER_PROXY_MANIFEST])
+        .arg("--target-dir")
+        .arg(&target))?;
+    let binary = target.join("release/bench-hyper-proxy");
+    if !binary.is_file() {
+        bail!("the hyper proxy build left no {}", binary.display());
+    }
+    absolute(&binary)
+}
+
 /// CPU model, cores and kernel, for the results.
 pub fn machine_facts() -> String {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -229,4 +254,22 @@ fn envoy_version(text: &str) -> String {
 
 fn first_line(text: &str) -> String {
     text.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bare hyper proxy is the floor under Sluice's data plane only
+    /// while it runs the same stack: its lock pins what Sluice's does.
+    #[test]
+    fn the_hyper_proxy_locks_sluices_versions_of_its_stack() {
+        let root = crate::repo_root();
+        let lock = |path: &str| root.join(path).display().to_string();
+        for package in ["hyper", "hyper-util", "http", "http-body-util", "tokio"] {
+            let sluice = locked_version(&lock("Cargo.lock"), package).unwrap();
+            let proxy = locked_version(&lock(HYPER_PROXY_LOCK), package).unwrap();
+            assert_eq!(proxy, sluice, "{package} in {HYPER_PROXY_LOCK} against Sluice's Cargo.lock");
+        }
+    }
 }

@@ -65,6 +65,8 @@ pub enum Kind {
     Envoy(&'static str),
     /// nginx with this config template.
     Nginx(&'static str),
+    /// The bare hyper proxy of tests/bench/hyper-proxy.
+    HyperProxy,
     /// The LiteLLM proxy (one worker) with this config template, next to
     /// [`LITELLM_HOOK`], which the config names.
     Litellm(&'static str),
@@ -247,6 +249,13 @@ pub const SYSTEMS: &[System] = &[
         work: PROXY,
     },
     System {
+        name: "hyper-proxy",
+        about: "a reverse proxy on Sluice's stack (hyper, hyper-util's pooled client, one current-thread tokio \
+                runtime) doing nothing else: tests/bench/hyper-proxy",
+        kind: Kind::HyperProxy,
+        work: PROXY,
+    },
+    System {
         name: "litellm",
         about: "LiteLLM proxy (Python, one uvicorn worker) doing the filter's work in an `async_pre_call_hook`",
         kind: Kind::Litellm("tests/bench/litellm/config.yaml.tmpl"),
@@ -418,6 +427,15 @@ impl System {
                 tree: Some(start_nginx(self.name, template, tools, dir, core, &values)?),
                 _beside: None,
             }),
+            Kind::HyperProxy => {
+                let mut cmd = pinned(core, &tools.peers()?.hyper_proxy);
+                cmd.args(["--listen", &listen.to_string(), "--upstream", &upstream.to_string()]);
+                let mut running = Running::spawn(self.name, cmd, &dir.join("hyper-proxy.log"))?;
+                process::wait_for_listener(listen, &mut [&mut running], READY_TIMEOUT)?;
+                // Its listening address is on no other child's command line.
+                let tree = ProcessTree::new(running, Path::new(&listen.to_string()))?;
+                Ok(Started { addr: listen, admin: None, tree: Some(tree), _beside: None })
+            }
             Kind::Litellm(template) => {
                 // The config names the hook as a module next to it.
                 let config = dir.join("config.yaml");
