@@ -58,6 +58,9 @@ const KEYS: &[&str] = &[
     "choices",
     "Model",
     "model ",
+    "response",
+    "input_tokens",
+    "output_tokens",
 ];
 
 #[derive(Clone, Debug, TypeGenerator)]
