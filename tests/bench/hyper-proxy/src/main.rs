@@ -1,7 +1,8 @@
 //! `bench-hyper-proxy --listen ADDR --upstream ADDR`: forwards every request
 //! to the upstream over pooled keep-alive connections, bodies streamed both
-//! ways, and nothing more (no routing, no body reading, no metrics). Only
-//! hop-by-hop headers are dropped, as RFC 9110 asks of a proxy.
+//! ways, and nothing more (no routing, no body reading, no metrics): it
+//! drops the hop-by-hop headers, as RFC 9110 asks of a proxy, and names the
+//! upstream in `Host`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
