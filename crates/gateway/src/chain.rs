@@ -138,6 +138,11 @@ pub async fn request_filters(
     max_body_bytes: usize,
     record: &mut RequestRecord,
 ) -> Result<Filtered, ApiError> {
+    // A route without plugins forwards the request as it came: nothing to
+    // build for plugins (4 of a plain hop's 47 allocations).
+    if route.chain.is_empty() {
+        return Ok(Filtered::Forward(Vec::new(), HeaderMap::new()));
+    }
     let mut request = plugin_request(route, model, outgoing, max_body_bytes);
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.
