@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sluice_chat::ChatBody;
@@ -29,9 +29,11 @@ use crate::response::{self, BodyLimits};
 use crate::snapshot::{Route, Snapshot};
 use crate::target::FORWARDED;
 
-const REQUEST_ID: &str = request_id::HEADER;
+// Names rather than strings: inserting a `&'static str` key that is not
+// there yet allocates its name, on every request.
+const REQUEST_ID: HeaderName = HeaderName::from_static(request_id::HEADER);
 const TRACEPARENT: &str = "traceparent";
-const UPSTREAM_REQUEST_ID: &str = "x-upstream-request-id";
+const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by
 /// routes with the same auth plugins); models past it are not listed.
