@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Uri, header};
+use http::{HeaderName, HeaderValue, Uri, header};
 use http_body_util::{BodyExt, Full};
 use sluice_core::{ApiError, Condition, Provider};
 use sluice_telemetry::metrics::{BackendLabels, RetryLabels};
@@ -18,7 +18,8 @@ use crate::gateway::Gateway;
 use crate::provider;
 use crate::snapshot::{Backend, Route};
 
-const TRACEPARENT: &str = "traceparent";
+// A name, not a string: inserting a string key allocates the name each time.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// How much of an error response is read to find its code.
 const ERROR_BODY_LIMIT: usize = 64 << 10;
