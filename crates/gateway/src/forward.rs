@@ -18,8 +18,10 @@ use crate::gateway::Gateway;
 use crate::provider;
 use crate::snapshot::{Backend, Route};
 
-// A name, not a string: inserting a string key allocates the name each time.
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// The W3C trace context header, read from the client and written to the
+/// upstream. A name, not a string: inserting a string key allocates the
+/// name each time.
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// How much of an error response is read to find its code.
 const ERROR_BODY_LIMIT: usize = 64 << 10;

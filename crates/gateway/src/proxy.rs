@@ -20,7 +20,7 @@ use sluice_telemetry::{RequestRecord, request_id, trace};
 
 use crate::body::{Body, ErrorCode, error_response, json_response};
 use crate::chain::{self, Filtered, Outgoing, Refusal, request_filters};
-use crate::forward::forward;
+use crate::forward::{TRACEPARENT, forward};
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
 
@@ -32,7 +32,6 @@ use crate::target::FORWARDED;
 // Names rather than strings: inserting a `&'static str` key that is not
 // there yet allocates its name, on every request.
 const REQUEST_ID: HeaderName = HeaderName::from_static(request_id::HEADER);
-const TRACEPARENT: &str = "traceparent";
 const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
 
 /// Auth checks `/v1/models` may run (one per protected model, shared by
