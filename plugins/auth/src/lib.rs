@@ -147,12 +147,17 @@ impl Plugin for Auth {
     }
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
-        let identity = self.authenticate(req)?;
-        self.authorize(&identity, &req.model())?;
+        let (identity, by_authorization) = self.authenticate(req)?;
+        self.authorize(&identity, req)?;
         // Whatever the credential, none of the client's own values of these
         // headers pass: a client cannot pose as someone else, or claim a
-        // tenant, by sending them itself.
-        for header in CREDENTIAL_HEADERS.iter().copied().chain(self.owned_headers.iter().map(String::as_str)) {
+        // tenant, by sending them itself. Each call into the host is a
+        // crossing on every request, so none is made for nothing: an
+        // `authorization` found absent is not removed, and a header about
+        // to be set is not removed first (setting replaces every value).
+        let credentials = CREDENTIAL_HEADERS.iter().copied().filter(|h| by_authorization || *h != "authorization");
+        let set = |h: &str| h == self.consumer_header || identity.headers.iter().any(|(name, _)| name == h);
+        for header in credentials.chain(self.owned_headers.iter().map(String::as_str).filter(|h| !set(h))) {
             req.remove_header(header);
         }
         req.set_header(&self.consumer_header, &identity.consumer);
@@ -164,7 +169,9 @@ impl Plugin for Auth {
 }
 
 impl Auth {
-    fn authenticate(&self, req: &Request) -> Result<Identity, ApiError> {
+    /// Who sent `req`, and whether by `authorization` (else by `x-api-key`,
+    /// `authorization` being absent).
+    fn authenticate(&self, req: &Request) -> Result<(Identity, bool), ApiError> {
         if let Some(authorization) = req.header("authorization") {
             let authorization = authorization.trim();
             let (scheme, credential) = authorization.split_once(' ').unwrap_or((authorization, ""));
@@ -176,13 +183,14 @@ impl Auth {
                 ));
             }
             let credential = credential.trim();
-            return match &self.jwt {
+            let identity = match &self.jwt {
                 Some(jwt) if jwt::looks_like_jwt(credential) => self.token(jwt, credential),
                 _ => self.api_key(credential),
             };
+            return identity.map(|identity| (identity, true));
         }
         if let Some(key) = req.header("x-api-key") {
-            return self.api_key(key.trim());
+            return self.api_key(key.trim()).map(|identity| (identity, false));
         }
         Err(self.unauthorized(
             "missing_credentials",
@@ -226,16 +234,22 @@ impl Auth {
         }
     }
 
-    fn authorize(&self, identity: &Identity, model: &str) -> Result<(), ApiError> {
-        let patterns = self.allowed_models.get(&identity.consumer).or_else(|| self.allowed_models.get("*"));
-        match patterns {
-            Some(patterns) if !patterns.iter().any(|p| p.matches(model)) => Err(ApiError::new(
-                403,
-                "model_not_allowed",
-                format!("consumer {:?} may not use model {model:?}", identity.consumer),
-            )),
-            _ => Ok(()),
+    /// Asks the host for the model only if the consumer's models are
+    /// restricted.
+    fn authorize(&self, identity: &Identity, req: &Request) -> Result<(), ApiError> {
+        let Some(patterns) = self.allowed_models.get(&identity.consumer).or_else(|| self.allowed_models.get("*"))
+        else {
+            return Ok(());
+        };
+        let model = req.model();
+        if patterns.iter().any(|p| p.matches(&model)) {
+            return Ok(());
         }
+        Err(ApiError::new(
+            403,
+            "model_not_allowed",
+            format!("consumer {:?} may not use model {model:?}", identity.consumer),
+        ))
     }
 
     /// A 401 with a `www-authenticate` challenge (RFC 6750).

@@ -373,6 +373,46 @@ fn api_key_consumers_are_limited_by_allowed_models_too() {
     assert_eq!(call(&auth, "gpt", &bearer("hunter2")).unwrap_err().status, 403);
 }
 
+/// The hook runs on every request, and each call into the host is a
+/// crossing out of the component that costs more than hashing the key: it
+/// reads the model only for a consumer whose models are restricted, removes
+/// neither a header it found absent nor one it sets (setting replaces), and
+/// still leaves none of the client's values of them.
+#[test]
+fn an_api_key_costs_the_host_calls_it_needs_and_no_more() {
+    let header = |name: &str| ("x-sluice-consumer".to_string(), name.to_string());
+    let calls = |auth: &Auth, model: &str, headers: &[(&str, &str)]| {
+        let req = request_with_headers(model, headers);
+        let outcome = auth.on_request(&req, &mut ());
+        let made = req.host_calls();
+        (made, outcome.map(|_| req.headers()))
+    };
+    let open = auth(json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}]}));
+    let (made, forwarded) = calls(&open, "gpt", &[("x-api-key", "hunter2"), ("x-sluice-consumer", "spoofed")]);
+    assert_eq!(
+        made,
+        ["header(authorization)", "header(x-api-key)", "remove-header(x-api-key)", "set-header(x-sluice-consumer)"]
+    );
+    assert_eq!(forwarded.unwrap(), [header("key:team-b")]);
+    let (made, forwarded) = calls(&open, "gpt", &[("authorization", "Bearer hunter2"), ("x-api-key", "other")]);
+    assert_eq!(
+        made,
+        [
+            "header(authorization)",
+            "remove-header(authorization)",
+            "remove-header(x-api-key)",
+            "set-header(x-sluice-consumer)"
+        ]
+    );
+    assert_eq!(forwarded.unwrap(), [header("key:team-b")]);
+
+    let restricted = auth(json!({"apiKeys": [{"consumer": "team-b", "sha256": KEY_HASH}],
+        "allowedModels": {"key:team-b": ["llama3"]}}));
+    let (made, forwarded) = calls(&restricted, "gpt", &[("x-api-key", "hunter2")]);
+    assert_eq!(made, ["header(authorization)", "header(x-api-key)", "model"]);
+    assert_eq!(forwarded.unwrap_err().code, "model_not_allowed");
+}
+
 #[test]
 fn bad_configs_are_rejected() {
     let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();

@@ -23,6 +23,10 @@ pub(crate) struct State {
     pub response_headers: Vec<(String, String)>,
     /// Edits the host could not apply: it would fail the plugin.
     pub invalid_edits: Vec<String>,
+    /// Every call into the host, in order, as `method` or `method(name)`:
+    /// each is a crossing out of the component, which costs more than most
+    /// of what a plugin does in between.
+    pub host_calls: Vec<String>,
 }
 
 impl NativeRequest {
@@ -36,6 +40,7 @@ impl NativeRequest {
             body: ChatBody::new(Bytes::from(body)),
             response_headers: Vec::new(),
             invalid_edits: Vec::new(),
+            host_calls: Vec::new(),
         };
         NativeRequest { state: RefCell::new(state) }
     }
@@ -44,71 +49,82 @@ impl NativeRequest {
         f(&mut self.state.borrow_mut())
     }
 
+    /// [`Self::with`] for a method of the host's resource: the call is
+    /// recorded.
+    fn call<R>(&self, method: &str, name: Option<&str>, f: impl FnOnce(&mut State) -> R) -> R {
+        self.with(|s| {
+            s.host_calls.push(name.map_or_else(|| method.to_string(), |name| format!("{method}({name})")));
+            f(s)
+        })
+    }
+
     pub fn method(&self) -> String {
-        self.with(|s| s.method.clone())
+        self.call("method", None, |s| s.method.clone())
     }
 
     pub fn path(&self) -> String {
-        self.with(|s| s.path.clone())
+        self.call("path", None, |s| s.path.clone())
     }
 
     pub fn model(&self) -> String {
-        self.with(|s| s.model.clone())
+        self.call("model", None, |s| s.model.clone())
     }
 
     pub fn route(&self) -> String {
-        self.with(|s| s.route.clone())
+        self.call("route", None, |s| s.route.clone())
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
-        self.with(|s| s.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone()))
+        self.call("header", Some(name), |s| {
+            s.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone())
+        })
     }
 
     pub fn headers(&self) -> Vec<(String, String)> {
-        self.with(|s| s.headers.clone())
+        self.call("headers", None, |s| s.headers.clone())
     }
 
     pub fn set_header(&self, name: &str, value: &str) {
-        self.with(|s| match check_header(name, value) {
+        self.call("set-header", Some(name), |s| match check_header(name, value) {
             Ok(()) => set(&mut s.headers, name, value),
             Err(error) => s.invalid_edits.push(format!("set-header: {error}")),
         })
     }
 
     pub fn remove_header(&self, name: &str) {
-        self.with(|s| s.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name)))
+        self.call("remove-header", Some(name), |s| s.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name)))
     }
 
     pub fn set_response_header(&self, name: &str, value: &str) {
-        self.with(|s| match check_header(name, value) {
+        self.call("set-response-header", Some(name), |s| match check_header(name, value) {
             Ok(()) => set(&mut s.response_headers, name, value),
             Err(error) => s.invalid_edits.push(format!("set-response-header: {error}")),
         })
     }
 
     pub fn body(&self) -> Vec<u8> {
-        self.with(|s| s.body.bytes().to_vec())
+        self.call("body", None, |s| s.body.bytes().to_vec())
     }
 
     pub fn body_size(&self) -> u64 {
-        self.with(|s| s.body.len() as u64)
+        self.call("body-size", None, |s| s.body.len() as u64)
     }
 
     pub fn set_body(&self, body: &[u8]) {
-        self.with(|s| s.body.set_bytes(Bytes::copy_from_slice(body)))
+        self.call("set-body", None, |s| s.body.set_bytes(Bytes::copy_from_slice(body)))
     }
 
     pub fn messages(&self) -> Result<Vec<Message>, String> {
-        self.with(|s| s.body.messages()).map(|messages| messages.into_iter().map(from_chat).collect())
+        self.call("messages", None, |s| s.body.messages()).map(|messages| messages.into_iter().map(from_chat).collect())
     }
 
     pub fn message_count(&self) -> Result<u32, String> {
-        self.with(|s| s.body.message_count())
+        self.call("message-count", None, |s| s.body.message_count())
     }
 
     pub fn splice_messages(&self, start: u32, delete: u32, insert: &[Message]) {
         let insert = insert.iter().map(to_chat).collect();
-        self.with(|s| {
+        self.call("splice-messages", None, |s| {
             if let Err(error) = s.body.splice_messages(start, delete, insert) {
                 s.invalid_edits.push(format!("splice-messages: {error}"));
             }
@@ -116,7 +132,7 @@ impl NativeRequest {
     }
 
     pub fn set_content(&self, index: u32, content: &Content) {
-        self.with(|s| {
+        self.call("set-content", None, |s| {
             if let Err(error) = s.body.set_content(index, to_chat_content(content)) {
                 s.invalid_edits.push(format!("set-content: {error}"));
             }
@@ -124,11 +140,11 @@ impl NativeRequest {
     }
 
     pub fn field(&self, name: &str) -> Option<String> {
-        self.with(|s| s.body.field(name))
+        self.call("field", Some(name), |s| s.body.field(name))
     }
 
     pub fn set_field(&self, name: &str, value: Option<&str>) {
-        self.with(|s| {
+        self.call("set-field", Some(name), |s| {
             if let Err(error) = s.body.set_field(name, value.map(str::to_string)) {
                 s.invalid_edits.push(format!("set-field: {error}"));
             }

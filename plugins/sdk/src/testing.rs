@@ -42,14 +42,27 @@ impl Request {
 
     /// The body now, as JSON; panics if it is not JSON.
     pub fn body_json(&self) -> Value {
-        let body = self.body();
+        let body = self.body_now();
         serde_json::from_slice(&body)
             .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {}", String::from_utf8_lossy(&body)))
     }
 
     /// The body now, as text.
     pub fn body_text(&self) -> String {
-        String::from_utf8_lossy(&self.body()).into_owned()
+        String::from_utf8_lossy(&self.body_now()).into_owned()
+    }
+
+    /// The body now, read without calling the host (which is recorded).
+    fn body_now(&self) -> Vec<u8> {
+        self.0.with(|s| s.body.bytes().to_vec())
+    }
+
+    /// The calls the plugin made into the host so far, in order, as
+    /// `method` or `method(name)` (`header(x-api-key)`), WIT's names. Each
+    /// is a crossing out of the component: hooks that run on every request
+    /// keep them few.
+    pub fn host_calls(&self) -> Vec<String> {
+        self.0.with(|s| s.host_calls.clone())
     }
 
     /// The headers set with `set_response_header`, in order.
