@@ -189,8 +189,11 @@ fn consumer(headers: &HeaderMap) -> Option<String> {
 /// one header, the earlier plugin's value wins. Each plugin may set at most
 /// `MAX_HEADERS`; all of them together too.
 fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for mark in &marks {
+    let mut marks = marks.into_iter().filter(|mark| !mark.is_empty());
+    // The first plugin's that set any are taken whole (they are bounded
+    // as they were set): most requests have one, and it is not copied.
+    let mut headers = marks.next().unwrap_or_default();
+    for mark in marks {
         for name in mark.keys() {
             if headers.contains_key(name) || headers.len() >= MAX_HEADERS {
                 continue;
