@@ -190,8 +190,9 @@ fn consumer(headers: &HeaderMap) -> Option<String> {
 /// `MAX_HEADERS`; all of them together too.
 fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
     let mut marks = marks.into_iter().filter(|mark| !mark.is_empty());
-    // The first plugin's that set any are taken whole (they are bounded
-    // as they were set): most requests have one, and it is not copied.
+    // The headers of the first plugin that set any are taken whole (each
+    // plugin's are bounded as they are set): most requests have only one
+    // such plugin, and its headers need no copy.
     let mut headers = marks.next().unwrap_or_default();
     for mark in marks {
         for name in mark.keys() {
