@@ -223,12 +223,12 @@ impl Auth {
         // 1-based index of the match; 0 for none. No early exit.
         let mut found = 0u32;
         for (i, entry) in self.api_keys.iter().enumerate() {
-            let same = presented.ct_eq(&entry.hash);
-            found = u32::conditional_select(&found, &(i as u32 + 1), same);
+            found = u32::conditional_select(&found, &(i as u32 + 1), same_hash(&presented, &entry.hash));
         }
         match found.checked_sub(1).and_then(|i| self.api_keys.get(i as usize)) {
             Some(entry) => {
-                Ok(Identity { consumer: format!("{API_KEY_NAMESPACE}{}", entry.consumer), headers: Vec::new() })
+                // Not `format!`: its machinery costs a guest more than the copy.
+                Ok(Identity { consumer: [API_KEY_NAMESPACE, &entry.consumer].concat(), headers: Vec::new() })
             }
             None => Err(self.unauthorized("invalid_api_key", "invalid API key", Some("invalid_token"))),
         }
@@ -288,6 +288,17 @@ fn check_allowed_models_key(name: &str, api_keys: &[ApiKey], jwt: bool) -> Resul
         "allowedModels: {name:?} must be \"*\", \"key:<consumer>\" or \"jwt:<subject>\": \
          API-key consumers and token subjects are separate namespaces"
     ))
+}
+
+/// Whether two hashes are equal, in constant time: the words' differences
+/// are gathered without a branch, and only what they add up to goes
+/// through subtle's barrier. Byte by byte (subtle's `[u8]::ct_eq`), each of
+/// the 32 bytes went through it: 2 thousand of the 22 thousand instructions
+/// the plugin ran a request.
+fn same_hash(a: &[u8; 32], b: &[u8; 32]) -> subtle::Choice {
+    let (a, b) = (a.as_chunks::<8>().0, b.as_chunks::<8>().0);
+    let diff = a.iter().zip(b).fold(0u64, |diff, (a, b)| diff | (u64::from_ne_bytes(*a) ^ u64::from_ne_bytes(*b)));
+    diff.ct_eq(&0)
 }
 
 fn parse_sha256(hex: &str) -> Option<[u8; 32]> {

@@ -74,6 +74,18 @@ fn the_test_key_hash_is_right() {
 }
 
 #[test]
+fn hashes_differing_in_any_one_bit_are_not_the_same() {
+    let hash: [u8; 32] = Sha256::digest(b"hunter2").into();
+    assert!(bool::from(same_hash(&hash, &hash)));
+    for bit in 0..256 {
+        let mut other = hash;
+        other[bit / 8] ^= 1 << (bit % 8);
+        assert!(!bool::from(same_hash(&hash, &other)), "bit {bit}");
+        assert!(!bool::from(same_hash(&other, &hash)), "bit {bit}");
+    }
+}
+
+#[test]
 fn api_keys_authenticate_by_bearer_or_x_api_key_and_are_stripped() {
     let auth = auth(json!({"apiKeys": [{"consumer": "team-a", "sha256": "00".repeat(32)},
         {"consumer": "team-b", "sha256": KEY_HASH.to_uppercase()}]}));
