@@ -473,9 +473,11 @@ impl PluginInstance {
         };
         let deadline = arm(&mut live.store, self.timeout);
         self.tainted = true;
-        let result = within(deadline, call(&live.bindings, &mut live.store))
-            .await
-            .map_err(|e| classify(&live.store, e, self.timeout));
+        // Pinned where it is made: the call's future is large (wasmtime's,
+        // the bindings' and the hook's state), and each wrapper it was
+        // moved into copied all of it.
+        let result = within(deadline, std::pin::pin!(call(&live.bindings, &mut live.store))).await;
+        let result = result.map_err(|e| classify(&live.store, e, self.timeout));
         self.tainted = result.is_err();
         result
     }
