@@ -27,6 +27,7 @@
 mod http;
 mod oha;
 pub mod pgo;
+mod pool;
 mod procfs;
 mod report;
 mod setup;
@@ -114,6 +115,11 @@ pub struct Args {
     /// for an A/B of two builds in turns (a copy of each, outside target/).
     #[arg(long)]
     sluice_binary: Option<std::path::PathBuf>,
+    /// Measure nothing: pool the round-by-round tables of these results
+    /// files, per system and paired within rounds (runs are pooled in the
+    /// README this way).
+    #[arg(long, num_args = 1.., value_name = "RESULTS_FILE")]
+    pool: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -123,6 +129,9 @@ enum BodySize {
 }
 
 pub fn main(mut args: Args) -> Result<()> {
+    if !args.pool.is_empty() {
+        return pool::main(&args.pool);
+    }
     if args.quick {
         args.rounds = 1;
         args.rates.truncate(1);

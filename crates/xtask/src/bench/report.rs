@@ -392,7 +392,7 @@ fn micros_cell(values: Vec<Option<f64>>) -> String {
 
 /// The median, or `None` if any value is missing (a figure from some rounds
 /// only would not be comparable).
-fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+pub(super) fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     let mut values: Vec<f64> = values.collect::<Option<_>>()?;
     if values.is_empty() {
         return None;
