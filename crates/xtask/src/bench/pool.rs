@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
-use super::report::median;
+use super::report::{ADDED_P99_AT, ROUNDS_TABLE_HEAD, median};
 use super::systems::RATIO_BASE;
 
 /// One system's added p99 at one rate in one round of one file.
@@ -47,13 +47,13 @@ pub fn main(files: &[PathBuf]) -> Result<()> {
 
 /// The cells of a results file's round-by-round table.
 fn parse(text: &str, run: usize) -> Vec<Cell> {
-    let mut lines = text.lines().skip_while(|line| !line.starts_with("| system | round |"));
+    let mut lines = text.lines().skip_while(|line| !line.starts_with(ROUNDS_TABLE_HEAD));
     let Some(header) = lines.next() else { return Vec::new() };
     // "| system | round | added p99 at 500/s | … | CPU per request (µs) |"
     let rates: Vec<Option<u32>> = header
         .split('|')
         .skip(3)
-        .map(|title| title.trim().strip_prefix("added p99 at ")?.strip_suffix("/s")?.parse().ok())
+        .map(|title| title.trim().strip_prefix(ADDED_P99_AT)?.strip_suffix("/s")?.parse().ok())
         .collect();
     let mut cells = Vec::new();
     for line in lines.skip(1).take_while(|line| line.starts_with('|')) {
@@ -118,12 +118,10 @@ fn render(cells: &[Cell], files: usize) -> String {
                     .filter_map(|(&(run, round, _, _), own)| Some(own - by_round.get(&(run, round, *second, rate))?))
                     .collect();
                 let Some(difference) = median(differences.iter().map(|d| Some(*d))) else { continue };
-                let over = differences.iter().filter(|d| **d > 0.0).count();
+                let (rounds, over) = (differences.len(), differences.iter().filter(|d| **d > 0.0).count());
                 let _ = writeln!(
                     out,
-                    "| {first} | {second} | {rate}/s | {} | {difference:+.3} | {over} of {} |",
-                    differences.len(),
-                    differences.len()
+                    "| {first} | {second} | {rate}/s | {rounds} | {difference:+.3} | {over} of {rounds} |"
                 );
             }
         }

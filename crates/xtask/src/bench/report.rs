@@ -261,6 +261,12 @@ pub fn render(facts: &Facts, results: &[SystemResults]) -> String {
     out
 }
 
+/// How the round-by-round table's header begins, and how its rate columns
+/// are titled (`{ADDED_P99_AT}{rate}/s`): `pool.rs` finds and reads the
+/// table by them.
+pub(super) const ROUNDS_TABLE_HEAD: &str = "| system | round |";
+pub(super) const ADDED_P99_AT: &str = "added p99 at ";
+
 /// Each round's added p99 at each rate (with its ratio to `RATIO_BASE`'s in
 /// the same round) and CPU per request: what the medians above are taken
 /// over, so that runs can be pooled and a round that swung shows.
@@ -272,10 +278,11 @@ fn rounds_table(
 ) -> String {
     let mut out = String::from("\nRound by round, the added p99 in ms (× `");
     out.push_str(RATIO_BASE);
-    out.push_str("`'s in that round) and the CPU per request at saturation:\n\n| system | round |");
+    out.push_str("`'s in that round) and the CPU per request at saturation:\n\n");
+    out.push_str(ROUNDS_TABLE_HEAD);
     let mut rule = String::from("|---|---:|");
     for rate in rates {
-        let _ = write!(out, " added p99 at {rate}/s |");
+        let _ = write!(out, " {ADDED_P99_AT}{rate}/s |");
         rule.push_str("---:|");
     }
     let _ = writeln!(out, " CPU per request (µs) |\n{rule}---:|");
