@@ -1,0 +1,1 @@
+//! Isolation: connections (docs/security.md).

@@ -1,0 +1,1 @@
+//! Isolation: content (docs/security.md).

@@ -1,0 +1,1 @@
+//! Isolation: memory (docs/security.md).

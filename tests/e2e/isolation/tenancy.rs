@@ -1,0 +1,1 @@
+//! Isolation: tenancy (docs/security.md).
