@@ -6,5 +6,6 @@
 
 mod connections;
 mod content;
+mod endpoints;
 mod memory;
 mod tenancy;

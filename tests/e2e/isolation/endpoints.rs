@@ -1,0 +1,1 @@
+//! Isolation: endpoints (docs/security.md).
