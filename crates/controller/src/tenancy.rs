@@ -33,6 +33,12 @@ pub struct Tenancy {
     /// claim it. Empty: the gateway's own namespace (the watched one, or
     /// else the Leases') may claim every model, and no other namespace any.
     pub model_claims: Vec<ModelClaim>,
+    /// Namespaces whose GatewayPlugins, when they name no pull Secret of
+    /// their own, may pull with the registry credentials the operator gave
+    /// the gateway (`--docker-config`, `--credentials-file`). Others pull
+    /// anonymously: the operator's account is not every tenant's. Empty:
+    /// the gateway's own namespace only.
+    pub registry_credential_namespaces: Vec<String>,
 }
 
 /// `NAMESPACE=PATTERN`: AIModelRoutes in `namespace` may claim the models
@@ -92,7 +98,16 @@ impl Tenancy {
         if self.model_claims.is_empty() {
             self.model_claims = vec![ModelClaim::new(own_namespace, "*")];
         }
+        if self.registry_credential_namespaces.is_empty() {
+            self.registry_credential_namespaces = vec![own_namespace.to_owned()];
+        }
         self
+    }
+
+    /// Plugins in `namespace` may pull with the operator's registry
+    /// credentials.
+    pub(crate) fn lends_registry_credentials(&self, namespace: &str) -> bool {
+        self.registry_credential_namespaces.iter().any(|allowed| allowed == namespace)
     }
 
     /// `path` (absolute) is in a directory the operator allows.

@@ -107,6 +107,13 @@ fn resolve_plugin(
     {
         *credentials = Some(pull_credentials(secrets, &namespace, &reference.name, redactions)?);
     }
+    // Without a pull Secret of its own, a plugin pulls with the operator's
+    // credentials only where the operator lends them.
+    if let PluginSource::Oci { credentials: credentials @ None, .. } = &mut decl.source
+        && !tenancy.lends_registry_credentials(&namespace)
+    {
+        *credentials = Some(RegistryCredentials::Anonymous);
+    }
     Ok(decl)
 }
 
@@ -457,6 +464,49 @@ mod tests {
         assert!(
             matches!(credentials, RegistryCredentials::Basic { username, password } if username == "u" && password.expose() == "pw")
         );
+    }
+
+    /// A tenant's plugin that names no pull Secret must not pull with the
+    /// operator's registry account (a confused deputy: the operator's
+    /// private repositories would be every tenant's).
+    #[test]
+    fn only_namespaces_the_operator_names_pull_with_its_registry_credentials() {
+        let source = json!({"source": {"oci": "r.example/p:1"}});
+        let in_namespace = |namespace: &str| -> GatewayPlugin {
+            serde_json::from_value(json!({
+                "apiVersion": "sluice.dev/v1alpha1", "kind": "GatewayPlugin",
+                "metadata": {"name": "p", "namespace": namespace}, "spec": source
+            }))
+            .unwrap()
+        };
+        let credentials =
+            |plugin: &GatewayPlugin, tenancy: &Tenancy| match super::plugin(plugin, &secrets(&[]), tenancy)
+                .unwrap()
+                .source
+            {
+                PluginSource::Oci { credentials, .. } => credentials,
+                other => panic!("{other:?}"),
+            };
+        // By default: the gateway's own namespace borrows them, no other.
+        assert_eq!(credentials(&in_namespace("team"), &tenancy()), None);
+        assert_eq!(credentials(&in_namespace("team-b"), &tenancy()), Some(RegistryCredentials::Anonymous));
+        // Named namespaces replace the default.
+        let lent =
+            Tenancy { registry_credential_namespaces: vec!["team-b".into()], ..Tenancy::default() }.resolved("team");
+        assert_eq!(credentials(&in_namespace("team-b"), &lent), None);
+        assert_eq!(credentials(&in_namespace("team"), &lent), Some(RegistryCredentials::Anonymous));
+        // A plugin's own pull Secret is its own, even where the operator's
+        // credentials are not lent.
+        let with_secret: GatewayPlugin = serde_json::from_value(json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "GatewayPlugin",
+            "metadata": {"name": "p", "namespace": "team"},
+            "spec": {"source": {"oci": "r.example/p:1", "pullSecretRef": {"name": "pull"}}}
+        }))
+        .unwrap();
+        let store =
+            secrets(&[secret("pull", Some("kubernetes.io/basic-auth"), &[("username", "u"), ("password", "pw")])]);
+        let decl = super::plugin(&with_secret, &store, &lent).unwrap();
+        assert!(matches!(decl.source, PluginSource::Oci { credentials: Some(RegistryCredentials::Basic { .. }), .. }));
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub enum RegistryCredentials {
     /// A docker `config.json` (a `kubernetes.io/dockerconfigjson` Secret):
     /// the entry for the plugin's registry host is used.
     DockerConfigJson(Secret),
+    /// None at all: a plugin whose namespace may not borrow the operator's
+    /// registry credentials pulls anonymously, unless it names its own.
+    Anonymous,
 }
 
 /// A value from a Secret. It never prints: `Debug` shows a placeholder and

@@ -416,6 +416,7 @@ async fn pull(
             PullCredentials::Basic { username: username.clone(), password: password.expose().to_string() }
         }
         RegistryCredentials::DockerConfigJson(json) => PullCredentials::DockerConfigJson(json.expose().to_string()),
+        RegistryCredentials::Anonymous => PullCredentials::Anonymous,
     });
     let pulled = registry.pull_as(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref()).await;
     let result = match &pulled {

@@ -162,6 +162,9 @@ pub enum PullCredentials {
     Basic { username: String, password: String },
     /// A docker `config.json` text; the entry for the registry's host is used.
     DockerConfigJson(String),
+    /// Nothing is offered: not the credentials the registry client was
+    /// given for its own use.
+    Anonymous,
 }
 
 impl std::fmt::Debug for PullCredentials {
@@ -169,6 +172,7 @@ impl std::fmt::Debug for PullCredentials {
         match self {
             PullCredentials::Basic { username, .. } => write!(f, "Basic({username}, <redacted>)"),
             PullCredentials::DockerConfigJson(_) => f.write_str("DockerConfigJson(<redacted>)"),
+            PullCredentials::Anonymous => f.write_str("Anonymous"),
         }
     }
 }
@@ -181,6 +185,7 @@ impl PullCredentials {
             }
             PullCredentials::DockerConfigJson(text) => docker_config_entry(text, registry)
                 .map_err(|reason| OciError::Credentials { path: PathBuf::from("<pull secret>"), reason }),
+            PullCredentials::Anonymous => Ok(RegistryAuth::Anonymous),
         }
     }
 }

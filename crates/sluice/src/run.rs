@@ -69,6 +69,18 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub model_claim: Vec<sluice_controller::ModelClaim>,
+    /// A namespace whose GatewayPlugins, when they name no pull Secret, may
+    /// pull with the registry credentials given to the gateway
+    /// (--docker-config, --credentials-file); the others pull anonymously.
+    /// Repeatable. By default the gateway's own namespace only.
+    #[arg(
+        long,
+        conflicts_with = "config",
+        value_name = "NAMESPACE",
+        env = "SLUICE_REGISTRY_CREDENTIALS_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub registry_credentials_namespace: Vec<String>,
     /// On shutdown, how long to keep accepting requests with /readyz
     /// failing, so load balancers stop routing here first.
     #[arg(long, default_value_t = 0)]
@@ -400,6 +412,7 @@ async fn start_config_source(
             host_file_dirs: args.allow_host_files_under.clone(),
             host_env_vars: args.allow_host_env.clone(),
             model_claims: args.model_claim.clone(),
+            registry_credential_namespaces: args.registry_credentials_namespace.clone(),
         },
     };
     tracing::info!(
