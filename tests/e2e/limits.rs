@@ -102,10 +102,11 @@ async fn request_bodies_share_a_memory_budget_and_must_arrive_in_time() {
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
         )
     };
-    // 600 kB declared, 10 bytes sent: the gateway holds the reservation.
+    // 600 kB declared, all but 10 bytes sent: the gateway holds what
+    // arrived (the budget counts bytes that came, not bytes declared).
     let mut holding = TcpStream::connect(&addr).await.unwrap();
     holding.write_all(head(600_000).as_bytes()).await.unwrap();
-    holding.write_all(b"{\"model\":").await.unwrap();
+    holding.write_all(&[b' '; 599_990]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(500_000)}]}).to_string();

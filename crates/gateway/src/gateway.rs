@@ -32,6 +32,13 @@ pub struct Settings {
     pub connections: sluice_serve::Limits,
     /// Requests (streams included) in flight at once; past it, a 503.
     pub max_in_flight: usize,
+    /// Requests in flight on one connection (HTTP/2 streams); past it, a
+    /// 503, so that a few connections cannot take `max_in_flight`.
+    pub max_in_flight_per_connection: usize,
+    /// The share of `max_in_flight`, in percent (rounded up), that the
+    /// connections from one peer address (an IPv6 /64) may hold together;
+    /// past it, a 503, so that the rest is left for everyone else.
+    pub max_in_flight_per_peer_percent: u8,
     /// Request bodies all requests in flight may hold in memory together;
     /// past it, a 503, so that many large bodies at once cannot exhaust
     /// the container's memory.
@@ -57,6 +64,11 @@ impl Default for Settings {
             connections: sluice_serve::Limits::default(),
             // Envoy's default circuit breaker for requests to a cluster.
             max_in_flight: 1024,
+            // Below HTTP/2's usual 100 streams: 16 connections to fill the
+            // budget, and the per-peer share stops one address doing that.
+            max_in_flight_per_connection: 64,
+            // 256 of the default 1024 are always left for other addresses.
+            max_in_flight_per_peer_percent: 75,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             request_body_timeout: Duration::from_secs(30),
             upstream_idle_timeout: Duration::from_secs(120),
@@ -92,6 +104,8 @@ pub struct Gateway {
     pub(crate) settings: Settings,
     /// One permit per request in flight.
     pub(crate) in_flight: Arc<Semaphore>,
+    /// Requests in flight per peer address.
+    pub(crate) peers: Arc<PeerShares>,
     /// One permit per byte of request body held in memory.
     pub(crate) body_budget: Arc<Semaphore>,
 }
@@ -122,6 +136,7 @@ impl Gateway {
             upstream: UpstreamClient::new()?,
             runtime,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
+            peers: Arc::new(PeerShares::new(&settings)),
             body_budget: Arc::new(Semaphore::new(settings.max_buffered_body_bytes.clamp(1, Semaphore::MAX_PERMITS))),
             settings,
         }))
@@ -295,4 +310,52 @@ enum Applied {
     Retry,
     /// Tags may move: build the same config again after the resync period.
     Resync,
+}
+
+/// The requests in flight of each peer address, within its share of the
+/// gateway's. Holds an entry per address with a request in flight, so at
+/// most `max_in_flight` entries.
+pub(crate) struct PeerShares {
+    /// Requests one address may hold; `None` when that is all of them.
+    share: Option<usize>,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PeerShares {
+    fn new(settings: &Settings) -> Self {
+        let percent = usize::from(settings.max_in_flight_per_peer_percent.min(100));
+        let share = (settings.max_in_flight.saturating_mul(percent)).div_ceil(100).max(1);
+        Self { share: (share < settings.max_in_flight).then_some(share), held: Default::default() }
+    }
+
+    /// The share this peer's request needs, if it is within the share.
+    pub(crate) fn take(self: &Arc<Self>, peer: std::net::IpAddr) -> Result<Option<PeerShare>, usize> {
+        let Some(share) = self.share else { return Ok(None) };
+        let Ok(mut held) = self.held.lock() else { return Ok(None) };
+        let count = held.entry(peer).or_default();
+        if *count >= share {
+            return Err(share);
+        }
+        *count += 1;
+        Ok(Some(PeerShare { shares: self.clone(), peer }))
+    }
+}
+
+/// One request in flight counted against its peer's share.
+pub(crate) struct PeerShare {
+    shares: Arc<PeerShares>,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.shares.held.lock()
+            && let Some(count) = held.get_mut(&self.peer)
+        {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.peer);
+            }
+        }
+    }
 }

@@ -47,13 +47,12 @@ pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>)
     let (mut record, id) = start_record(&mut request);
     // Shed load before doing any work: the permit lives as long as the
     // response, its stream included.
-    let mut response = match gateway.in_flight.clone().try_acquire_owned() {
-        Err(_) => {
-            let error = ApiError::overloaded(format_args!("{} requests in flight", gateway.settings.max_in_flight));
+    let mut response = match admit(&gateway, &request) {
+        Err(error) => {
             tracing::warn!(status = error.status, code = error.code, request_id = &*record.id, "{}", error.message);
             error_response(&error)
         }
-        Ok(permit) => {
+        Ok(admitted) => {
             let response = match serve(&gateway, request, &mut record).await {
                 Ok(response) => response,
                 Err(error) => {
@@ -71,7 +70,7 @@ pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>)
             };
             response.map(|body| {
                 body.map_frame(move |frame| {
-                    let _held = &permit;
+                    let _held = &admitted;
                     frame
                 })
                 .boxed_unsync()
@@ -91,6 +90,37 @@ pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>)
     record.error_code = response.extensions().get::<ErrorCode>().map(|code| code.0);
     record.finish();
     response
+}
+
+/// A request's place among those in flight: a permit of the gateway's, and
+/// its count against its peer address's share. A connection may have
+/// `max_in_flight_per_connection` in flight, and a peer address its share,
+/// so that one client cannot take every place with requests whose
+/// responses it never reads (each is held until its body is sent, or the
+/// write timeout closes the connection).
+fn admit(
+    gateway: &Gateway,
+    request: &http::Request<Incoming>,
+) -> Result<(OwnedSemaphorePermit, Option<crate::gateway::PeerShare>), ApiError> {
+    let settings = &gateway.settings;
+    let connection = request.extensions().get::<sluice_serve::Connection>();
+    let mut share = None;
+    if let Some(connection) = connection {
+        let most = settings.max_in_flight_per_connection;
+        if connection.in_flight > most {
+            return Err(ApiError::overloaded(format_args!("{most} requests in flight on this connection")));
+        }
+        let peer = sluice_serve::peer_group(connection.peer.ip());
+        share = gateway.peers.take(peer).map_err(|most| {
+            ApiError::overloaded(format_args!("{most} requests in flight from this client's address"))
+        })?;
+    }
+    let permit = gateway
+        .in_flight
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::overloaded(format_args!("{} requests in flight", settings.max_in_flight)))?;
+    Ok((permit, share))
 }
 
 /// The request's record, with its id and trace context, and the id as a
@@ -308,22 +338,34 @@ async fn read_body(
         let bytes = u32::try_from(bytes).map_err(|_| ApiError::too_large(limit))?;
         gateway.body_budget.clone().try_acquire_many_owned(bytes).map_err(|_| over_budget())
     };
-    let mut held = reserve(declared.unwrap_or(0))?;
+    // The budget holds what is allocated, taken as bytes arrive: a declared
+    // length costs nothing until its bytes come (a client that declares
+    // 4 MiB and sends nothing would hold the budget it never uses).
+    let mut held = reserve(0)?;
     let read = async {
-        let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
+        let mut buffer = BytesMut::new();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|error| {
                 ApiError::invalid_request("body_read_failed", format!("reading the request body: {error}"))
             })?;
             let Ok(data) = frame.into_data() else { continue };
-            if buffer.len() + data.len() > limit {
+            let needed = buffer.len() + data.len();
+            if needed > limit {
                 return Err(ApiError::too_large(limit));
             }
-            buffer.extend_from_slice(&data);
-            let have = held.num_permits();
-            if buffer.len() > have {
-                held.merge(reserve(buffer.len() - have)?);
+            if needed > buffer.capacity() {
+                // Doubling, to the declared length at most: few copies,
+                // and never more than the body needs when it says.
+                let grown = needed.max((buffer.capacity() * 2).min(declared.unwrap_or(limit).min(limit)));
+                let have = held.num_permits();
+                if grown > have {
+                    held.merge(reserve(grown - have)?);
+                }
+                let mut larger = BytesMut::with_capacity(grown);
+                larger.extend_from_slice(&buffer);
+                buffer = larger;
             }
+            buffer.extend_from_slice(&data);
         }
         Ok(buffer.freeze())
     };

@@ -26,16 +26,20 @@ pub async fn serve_data_plane(
 
 /// Serves /healthz and /readyz only: the listener for the kubelet's probes,
 /// which may face the pod network while the admin listener stays on
-/// loopback.
+/// loopback. Whoever holds its connections, a probe's new one is served:
+/// a full listener closes the oldest connection of the busiest address,
+/// and a connection must ask within a second.
 pub async fn serve_probes(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
+    sluice_serve::serve(listener, sluice_serve::Limits::probes(), shutdown, Duration::from_secs(1), move |request| {
         let gateway = gateway.clone();
         async move { crate::admin::probes(&gateway, request) }
     })
     .await
 }
 
-/// Serves health, readiness and the config view.
+/// Serves health, readiness and the config view. On loopback, but other
+/// containers of the pod share it: a full listener closes the oldest
+/// connection of the busiest address ([`sluice_serve::Limits::admin`]).
 pub async fn serve_admin(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
         let gateway = gateway.clone();
@@ -45,7 +49,9 @@ pub async fn serve_admin(gateway: Arc<Gateway>, listener: TcpListener, shutdown:
 }
 
 /// Serves /metrics (and nothing else): the address Prometheus scrapes, which
-/// may face the pod network while the admin listener stays on loopback.
+/// may face the pod network while the admin listener stays on loopback. As
+/// on the admin listener, holding its connections does not lock Prometheus
+/// out.
 pub async fn serve_metrics(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     sluice_serve::serve(listener, sluice_serve::Limits::admin(), shutdown, Duration::from_secs(1), move |request| {
         let gateway = gateway.clone();

@@ -168,6 +168,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
+    pub fairness: FairnessArgs,
+    #[command(flatten)]
     pub registry: RegistryArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
@@ -246,6 +248,31 @@ pub struct LimitArgs {
     /// Streams one HTTP/2 connection may have open at once.
     #[arg(long, default_value_t = Limits::default().http2_max_concurrent_streams)]
     pub http2_max_concurrent_streams: u32,
+}
+
+/// What one connection, or one peer address, may hold of what all clients
+/// share, so that one client cannot lock the others out.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Fairness between clients")]
+pub struct FairnessArgs {
+    /// A response the client does not take for this long (its window or
+    /// socket stays full) closes its connection, and every stream on it.
+    /// Time spent waiting on the upstream does not count. Applies to the
+    /// data plane; the admin, probes and metrics listeners have a shorter
+    /// one of their own.
+    #[arg(long, default_value_t = Limits::default().write_timeout.as_secs())]
+    pub write_timeout_seconds: u64,
+    /// Requests in flight on one connection (HTTP/2 streams); past it, a
+    /// 503 in OpenAI's error shape.
+    #[arg(long, default_value_t = Settings::default().max_in_flight_per_connection)]
+    pub max_in_flight_per_connection: usize,
+    /// The share of --max-in-flight-requests, in percent (rounded up), that
+    /// one peer address (an IPv6 /64) may hold; past it, a 503. Behind a
+    /// proxy that hides client addresses, every client is one peer: raise
+    /// it to 100 there.
+    #[arg(long, default_value_t = Settings::default().max_in_flight_per_peer_percent,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_in_flight_per_peer_percent: u8,
 }
 
 /// The tokio runtime `sluice run` serves on, `worker_threads` as its flag
@@ -379,9 +406,12 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
             idle_timeout: Duration::from_secs(args.limits.idle_timeout_seconds.max(1)),
             header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds.max(1)),
             http2_max_concurrent_streams: args.limits.http2_max_concurrent_streams.max(1),
+            write_timeout: Duration::from_secs(args.fairness.write_timeout_seconds.max(1)),
             ..Limits::default()
         },
         max_in_flight: args.limits.max_in_flight_requests,
+        max_in_flight_per_connection: args.fairness.max_in_flight_per_connection.max(1),
+        max_in_flight_per_peer_percent: args.fairness.max_in_flight_per_peer_percent,
         max_buffered_body_bytes: args.limits.max_buffered_body_bytes,
         request_body_timeout: Duration::from_secs(args.limits.request_body_timeout_seconds.max(1)),
         upstream_idle_timeout: Duration::from_secs(args.upstream_idle_timeout_seconds.max(1)),
