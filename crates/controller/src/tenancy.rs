@@ -15,6 +15,8 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
 
+use sluice_core::BackendPolicy;
+
 /// The operator's grants to resources. The default grants nothing beyond
 /// the gateway's own namespace claiming every model: safe for a cluster
 /// shared by tenants.
@@ -33,6 +35,11 @@ pub struct Tenancy {
     /// claim it. Empty: the gateway's own namespace (the watched one, or
     /// else the Leases') may claim every model, and no other namespace any.
     pub model_claims: Vec<ModelClaim>,
+    /// What a route's backends may reach: not the gateway's own loopback,
+    /// listeners or addresses, nor the cloud metadata service, unless the
+    /// operator allows a range (--allow-backend-cidr). A route whose
+    /// backend URL names one is not accepted, and its status says why.
+    pub backends: BackendPolicy,
 }
 
 /// `NAMESPACE=PATTERN`: AIModelRoutes in `namespace` may claim the models
@@ -92,6 +99,8 @@ impl Tenancy {
         if self.model_claims.is_empty() {
             self.model_claims = vec![ModelClaim::new(own_namespace, "*")];
         }
+        // Routes' authors are not the operator here, whatever the caller said.
+        self.backends.restricted = true;
         self
     }
 
