@@ -587,7 +587,7 @@ mod tests {
         routes: Vec<RouteDecl>,
     ) -> (Snapshot, BuildReport) {
         let desired = DesiredConfig { revision: 0, plugins, routes };
-        build(runtime, None, &desired, previous, Duration::from_secs(60)).await
+        build(runtime, None, &desired, previous, Duration::from_secs(60), &Arc::default()).await
     }
 
     fn served_by(snapshot: &Snapshot, model: &str) -> Option<String> {

@@ -136,7 +136,7 @@ pub struct Refused(pub String);
 
 impl Refused {
     /// The refusal somewhere in `error`'s causes, if that is why it failed.
-    pub fn found_in(error: &(dyn std::error::Error + 'static)) -> Option<&Refused> {
+    pub fn found_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refused> {
         let mut cause = Some(error);
         while let Some(error) = cause {
             if let Some(refused) = error.downcast_ref::<Refused>() {
@@ -241,5 +241,80 @@ fn read_pem(pem: &Pem, what: &str) -> Result<Vec<u8>, String> {
             }
             Ok(bytes)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener on loopback counting the connections it accepts.
+    async fn listener() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        (port, accepted)
+    }
+
+    async fn send(client: &UpstreamClient, url: &str) -> Result<(), hyper_util::client::legacy::Error> {
+        let request = http::Request::get(url).body(Full::new(Bytes::new())).unwrap();
+        client.send(request).await.map(drop)
+    }
+
+    /// Issue 41, item 8: the forms of a loopback address that are not a
+    /// literal `IpAddr` (decimal, hex, octal, short, IPv4-mapped, a name)
+    /// reach the resolver or the connector, and are refused there: nothing
+    /// connects.
+    #[tokio::test]
+    async fn a_restricted_client_refuses_every_spelling_of_loopback() {
+        let (port, accepted) = listener().await;
+        let policy = BackendPolicy { restricted: true, ..BackendPolicy::default() };
+        let client = UpstreamClient::new(Arc::new(policy)).unwrap();
+        for host in
+            ["2130706433", "0x7f000001", "0177.0.0.1", "127.1", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "localhost"]
+        {
+            let error = send(&client, &format!("http://{host}:{port}/v1")).await.unwrap_err();
+            let refused = Refused::found_in(&error).unwrap_or_else(|| panic!("{host}: not refused: {error:?}"));
+            assert!(refused.to_string().contains("--allow-backend-cidr"), "{host}: {refused}");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "a refused backend was connected to");
+
+        // An allowed range, but the gateway's own listener port: refused,
+        // however the name is spelled; another port in the range connects.
+        let (other, other_accepted) = listener().await;
+        let policy = BackendPolicy {
+            restricted: true,
+            allowed: vec!["127.0.0.0/8".parse().unwrap()],
+            own_ports: vec![port],
+            ..BackendPolicy::default()
+        };
+        let client = UpstreamClient::new(Arc::new(policy)).unwrap();
+        for host in ["2130706433", "127.0.0.1", "localhost"] {
+            let error = send(&client, &format!("http://{host}:{port}/v1")).await.unwrap_err();
+            let refused = Refused::found_in(&error).unwrap_or_else(|| panic!("{host}: not refused: {error:?}"));
+            assert!(refused.to_string().contains("own listeners"), "{host}: {refused}");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let _ = send(&client, &format!("http://2130706433:{other}/v1")).await;
+        assert!(other_accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1, "an allowed backend connects");
+    }
+
+    /// Unrestricted (a standalone gateway's default): loopback connects as before.
+    #[tokio::test]
+    async fn an_unrestricted_client_connects_anywhere() {
+        let (port, accepted) = listener().await;
+        let client = UpstreamClient::new(Arc::default()).unwrap();
+        for host in ["127.0.0.1", "2130706433", "localhost"] {
+            let error = send(&client, &format!("http://{host}:{port}/v1")).await.err();
+            assert!(error.as_ref().and_then(|e| Refused::found_in(e)).is_none(), "{host}: {error:?}");
+        }
+        assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) >= 3, "every spelling connects");
     }
 }
