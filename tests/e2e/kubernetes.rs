@@ -737,6 +737,8 @@ impl AllNamespacesGateway {
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            // The echo upstreams are on loopback, refused by default on Kubernetes.
+            .env("SLUICE_ALLOW_BACKEND_CIDR", "127.0.0.0/8")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -66,6 +66,10 @@ impl Gateway {
                 .map(std::ffi::OsString::from)
                 .chain(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()])
                 .collect();
+        // The tests' upstreams listen on loopback, which a gateway on
+        // Kubernetes refuses by default; a test may set its own.
+        let mut options = options;
+        options.env.insert(0, ("SLUICE_ALLOW_BACKEND_CIDR".into(), "127.0.0.0/8".into()));
         Gateway::start_source(source, options).await
     }
 

@@ -411,7 +411,7 @@ mod tests {
             "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
             "metadata": {"name": format!("r{i}"), "namespace": "team", "generation": generation,
                          "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"models": [model], "backends": [{"url": "http://127.0.0.1:1/v1"}]}
+            "spec": {"models": [model], "backends": [{"url": "http://upstream.example:1/v1"}]}
         }))
         .unwrap()
     }

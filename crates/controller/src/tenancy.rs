@@ -15,6 +15,8 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
 
+use sluice_core::BackendPolicy;
+
 /// The operator's grants to resources. The default grants nothing beyond
 /// the gateway's own namespace claiming every model: safe for a cluster
 /// shared by tenants.
@@ -39,6 +41,11 @@ pub struct Tenancy {
     /// anonymously: the operator's account is not every tenant's. Empty:
     /// the gateway's own namespace only.
     pub registry_credential_namespaces: Vec<String>,
+    /// What a route's backends may reach: not the gateway's own loopback,
+    /// listeners or addresses, nor the cloud metadata service, unless the
+    /// operator allows a range (--allow-backend-cidr). A route whose
+    /// backend URL names one is not accepted, and its status says why.
+    pub backends: BackendPolicy,
 }
 
 /// `NAMESPACE=PATTERN`: AIModelRoutes in `namespace` may claim the models
@@ -101,6 +108,8 @@ impl Tenancy {
         if self.registry_credential_namespaces.is_empty() {
             self.registry_credential_namespaces = vec![own_namespace.to_owned()];
         }
+        // Routes' authors are not the operator here, whatever the caller said.
+        self.backends.restricted = true;
         self
     }
 

@@ -160,6 +160,9 @@ fn resolve_route(
                 }
             }
         }
+        if let Some(why) = tenancy.backends.refuses_url(&backend.url) {
+            return Err(Problem::not_permitted(why));
+        }
         if let Some(name) = &backend.api_key_env
             && !tenancy.allows_env(name)
         {
@@ -643,9 +646,46 @@ mod tests {
         serde_json::from_value(json!({
             "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
             "metadata": {"name": name, "namespace": "team", "creationTimestamp": created},
-            "spec": {"models": models, "backends": [{"url": "http://127.0.0.1:1/v1"}]}
+            "spec": {"models": models, "backends": [{"url": "http://upstream.example:1/v1"}]}
         }))
         .unwrap()
+    }
+
+    /// Issue 41, item 8: a route's backend URL may not name the gateway's
+    /// own loopback (its admin listener's config view) or the metadata
+    /// service, unless the operator allows the range; its own listener
+    /// ports stay refused even then.
+    #[test]
+    fn backends_in_the_gateways_own_network_position_are_not_permitted() {
+        let with_url = |url: &str| {
+            let mut route = ai_route("r", "2026-01-01T00:00:00Z", &["m"]);
+            route.spec.backends[0].url = url.into();
+            route
+        };
+        let tenancy = Tenancy {
+            backends: sluice_core::BackendPolicy { restricted: true, own_ports: vec![9901], ..Default::default() },
+            ..tenancy()
+        };
+        for url in ["http://127.0.0.1:9901/admin/config?", "http://169.254.169.254/latest/", "http://localhost:8000/v1"]
+        {
+            let problem = super::route(&with_url(url), &secrets(&[]), &tenancy, |_| true).unwrap_err();
+            assert_eq!(problem.reason, reason::NOT_PERMITTED, "{url}");
+            // The gateway's own listener port is refused as such (no range
+            // allows it); the others name the flag that would.
+            let why = if url.contains(":9901") { "own listeners" } else { "--allow-backend-cidr" };
+            assert!(problem.message.contains(why), "{url}: {}", problem.message);
+        }
+        let allowed = Tenancy {
+            backends: sluice_core::BackendPolicy {
+                allowed: vec!["127.0.0.0/8".parse().unwrap()],
+                ..tenancy.backends.clone()
+            },
+            ..tenancy.clone()
+        };
+        assert!(super::route(&with_url("http://127.0.0.1:8000/v1"), &secrets(&[]), &allowed, |_| true).is_ok());
+        let own = super::route(&with_url("http://127.0.0.1:9901/admin/config?"), &secrets(&[]), &allowed, |_| true);
+        assert!(own.unwrap_err().message.contains("own listeners"));
+        assert!(super::route(&with_url("http://upstream.example/v1"), &secrets(&[]), &tenancy, |_| true).is_ok());
     }
 
     #[test]

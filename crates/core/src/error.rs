@@ -96,6 +96,18 @@ impl ApiError {
         Self::new(502, ErrorType::ServerError, "upstream_unavailable", format!("upstream unavailable: {why}"))
     }
 
+    /// The backend's address is one this gateway's backends may not reach
+    /// (its own loopback, the metadata service): never connected to.
+    pub fn backend_not_permitted(why: impl std::fmt::Display) -> Self {
+        Self::new(502, ErrorType::ServerError, "backend_not_permitted", format!("backend not permitted: {why}"))
+    }
+
+    /// The request has come round to this gateway again (a route whose
+    /// backend is the gateway itself), or through too many gateways.
+    pub fn loop_detected(why: impl std::fmt::Display) -> Self {
+        Self::new(508, ErrorType::ServerError, "loop_detected", format!("request loop: {why}"))
+    }
+
     pub fn upstream_timeout(after_ms: u64) -> Self {
         Self::new(
             504,

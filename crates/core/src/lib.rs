@@ -2,6 +2,7 @@
 //! the ask came from (a directory of YAML, or the Kubernetes API) and of how
 //! it is served (hyper, wasmtime).
 
+pub mod backends;
 pub mod config;
 pub mod error;
 pub mod reason;
@@ -9,6 +10,7 @@ pub mod redact;
 pub mod report;
 pub mod routing;
 
+pub use backends::{BackendPolicy, Cidr};
 pub use config::{
     ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource,
     PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,

@@ -207,22 +207,6 @@ fn response_marks(marks: Vec<HeaderMap>) -> HeaderMap {
     headers
 }
 
-/// Runs the route's Auth-phase plugins on a copy of `request` as if it
-/// asked for `model`: `Ok` if they all let it through, else their answer.
-/// Nothing is forwarded and the request itself is not edited.
-pub async fn authenticate(route: &Route, model: &str, request: &Outgoing) -> Result<(), http::Response<Body>> {
-    let mut copy = plugin_request(route, model, &mut request.clone(), usize::MAX);
-    for plugin in route.chain.iter().filter(|p| p.decl.phase == Phase::Auth) {
-        match request_filter(plugin, &mut copy, None).await {
-            Ok(Step::Continue(_)) => {}
-            Ok(Step::Respond(response)) => return Err(response),
-            // Auth plugins fail closed (an Open one is refused at load).
-            Err(error) => return Err(error_response(&error)),
-        }
-    }
-    Ok(())
-}
-
 /// Sets every header of `set` on `headers`, replacing values of the same
 /// name; past what a `HeaderMap` holds, the rest are dropped (never a panic).
 pub fn set_all(headers: &mut HeaderMap, set: &HeaderMap) {
@@ -245,7 +229,7 @@ enum Step {
 
 /// One plugin's request hook, under its failure policy: a plugin that
 /// fails open is skipped, and the request goes on as it was before it.
-/// Recorded in `record`, unless it only checks a caller (`/v1/models`).
+/// Recorded in `record`, if given.
 async fn request_filter(
     plugin: &LoadedPlugin,
     request: &mut PluginRequest,

@@ -17,6 +17,7 @@ use crate::chain::Outgoing;
 use crate::gateway::Gateway;
 use crate::provider;
 use crate::snapshot::{Backend, Route};
+use crate::upstream::Refused;
 
 /// The W3C trace context header, read from the client and written to the
 /// upstream. A name, not a string: inserting a string key allocates the
@@ -207,6 +208,9 @@ async fn attempt(
     if let Some((name, value)) = &backend.credential {
         headers.insert(name.clone(), value.clone());
     }
+    // After the plugins: none of them can take the mark off, and a request
+    // that comes back with it is refused (`proxy::refuse_loops`).
+    headers.append(header::VIA, gateway.settings.via.clone());
     // The upstream's parent span is this attempt's.
     let span_id = record.trace.as_ref().map(|trace| {
         let span_id = trace::new_span_id();
@@ -230,6 +234,16 @@ async fn attempt(
         Err(_) => {
             let error = ApiError::upstream_timeout(timeout.as_millis() as u64);
             return failed(attempt, record, error, Condition::Timeout);
+        }
+        // Never connected: the backend's address is one the gateway's
+        // backends may not reach. Not the backend's failure, nor retried.
+        Ok(Err(error)) if Refused::found_in(&error).is_some() => {
+            let refused = Refused::found_in(&error).map(ToString::to_string).unwrap_or_default();
+            tracing::warn!(backend = %backend.label, error = %refused, request_id = &*record.id, "backend not permitted");
+            let error = ApiError::backend_not_permitted(refused);
+            attempt.error = Some(error.message.clone());
+            record.attempt(attempt);
+            return Tried { response: Err(error), failure: None, retry_after: None };
         }
         // Nothing reached the backend.
         Ok(Err(error)) if error.is_connect() => {

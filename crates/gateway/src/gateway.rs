@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use sluice_core::{LoadReport, ResourceError};
+use sluice_core::{BackendPolicy, LoadReport, ResourceError};
 use sluice_oci::Registry;
 use sluice_runtime::Runtime;
 use tokio::sync::{Semaphore, watch};
@@ -53,6 +53,16 @@ pub struct Settings {
     /// long; past it, the plugin is reported (and retried), and the rest of
     /// the config is applied without waiting for it.
     pub plugin_load_timeout: Duration,
+    /// What backends may reach: restricted in Kubernetes mode (a route's
+    /// author is not the operator), open in standalone mode unless asked.
+    pub backends: Arc<BackendPolicy>,
+    /// This gateway's mark on every request it forwards, `1.1 sluice-<id>`
+    /// in `via`, the id random per process: a request that comes back with
+    /// it is a loop.
+    pub via: http::HeaderValue,
+    /// Gateways (Sluice's `via` entries) a request may have passed through
+    /// already; past it, a 508.
+    pub max_gateway_hops: usize,
 }
 
 impl Default for Settings {
@@ -73,6 +83,10 @@ impl Default for Settings {
             request_body_timeout: Duration::from_secs(30),
             upstream_idle_timeout: Duration::from_secs(120),
             plugin_load_timeout: Duration::from_secs(60),
+            backends: Arc::default(),
+            via: http::HeaderValue::try_from(format!("1.1 sluice-{:016x}", fastrand::u64(..)))
+                .unwrap_or(http::HeaderValue::from_static("1.1 sluice-0")),
+            max_gateway_hops: 8,
         }
     }
 }
@@ -133,7 +147,7 @@ impl Gateway {
             ready: AtomicBool::new(false),
             started: Instant::now(),
             draining: AtomicBool::new(false),
-            upstream: UpstreamClient::new()?,
+            upstream: UpstreamClient::new(settings.backends.clone())?,
             runtime,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
             peers: Arc::new(PeerShares::new(&settings)),
@@ -236,8 +250,15 @@ impl Gateway {
         };
         let previous = self.snapshot.load_full();
         let load_timeout = self.settings.plugin_load_timeout;
-        let (next, build) =
-            snapshot::build(&self.runtime, self.registry.as_ref(), &desired, &previous, load_timeout).await;
+        let (next, build) = snapshot::build(
+            &self.runtime,
+            self.registry.as_ref(),
+            &desired,
+            &previous,
+            load_timeout,
+            &self.settings.backends,
+        )
+        .await;
         for error in &build.errors {
             tracing::error!(resource = %error.resource, "{}", error.message);
         }

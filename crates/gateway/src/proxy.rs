@@ -1,7 +1,6 @@
 //! One request's way through the data plane: the endpoints, and for the
 //! forwarded ones, the phases from reading the body to forwarding it.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -19,7 +18,7 @@ use sluice_telemetry::record::operation_of;
 use sluice_telemetry::{RequestRecord, request_id, trace};
 
 use crate::body::{Body, ErrorCode, error_response, json_response};
-use crate::chain::{self, Filtered, Outgoing, Refusal, request_filters};
+use crate::chain::{Filtered, Outgoing, Refusal, request_filters};
 use crate::forward::{TRACEPARENT, forward};
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
@@ -33,15 +32,6 @@ use crate::target::FORWARDED;
 // there yet allocates its name, on every request.
 const REQUEST_ID: HeaderName = HeaderName::from_static(request_id::HEADER);
 const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
-
-/// Auth checks `/v1/models` may run (one per protected model, shared by
-/// routes with the same auth plugins); models past it are not listed.
-const MAX_LISTING_CHECKS: usize = 1024;
-
-/// Distinct auth chains asked about a model no route serves, before the
-/// answer is the first refusal: it bounds what an unauthenticated request
-/// can cost.
-const MAX_UNKNOWN_MODEL_CHECKS: usize = 16;
 
 pub async fn handle(gateway: Arc<Gateway>, mut request: http::Request<Incoming>) -> http::Response<Body> {
     let (mut record, id) = start_record(&mut request);
@@ -147,10 +137,7 @@ async fn serve(
     let snapshot = gateway.snapshot();
     let path = request.uri().path();
     match (request.method(), path) {
-        (&Method::GET, "/v1/models") => {
-            let (parts, _) = request.into_parts();
-            Ok(list_models(&snapshot, &Outgoing::new(parts, Bytes::new())).await)
-        }
+        (&Method::GET, "/v1/models") => Ok(list_models(&snapshot)),
         (&Method::POST, p) if FORWARDED.contains(&p) => proxy(gateway, &snapshot, request, record).await,
         (method, p) if p == "/v1/models" || FORWARDED.contains(&p) => {
             Err(ApiError::method_not_allowed(method.as_str(), p))
@@ -159,57 +146,61 @@ async fn serve(
     }
 }
 
-/// The models this caller may use: a model behind auth plugins is listed
-/// only if they let the caller through, as they would for a request.
-async fn list_models(snapshot: &Snapshot, request: &Outgoing) -> http::Response<Body> {
-    let mut data = Vec::new();
-    let mut decided = std::collections::HashMap::new();
-    for route in snapshot.routes() {
-        let auth_chain = route.auth_chain();
-        for model in &route.decl.models {
-            let admitted = if auth_chain.is_empty() {
-                true
-            } else if let Some(admitted) = decided.get(&(auth_chain.clone(), model)) {
-                *admitted
-            } else if decided.len() < MAX_LISTING_CHECKS {
-                let admitted = chain::authenticate(route, model, request).await.is_ok();
-                decided.insert((auth_chain.clone(), model), admitted);
-                admitted
-            } else {
-                false
-            };
-            if admitted {
+/// The models anyone may use: those whose routes have no auth plugin. A
+/// listing names no model, so it is addressed to no namespace, and no
+/// tenant's plugin may see it (nor the caller's credential in it): a model
+/// behind auth is usable but not listed.
+fn list_models(snapshot: &Snapshot) -> http::Response<Body> {
+    let data: Vec<_> =
+        snapshot
+            .routes()
+            .iter()
+            .filter(|route| !route.has_auth())
+            .flat_map(|route| {
                 let owner = route.decl.key.to_string();
-                data.push(serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": owner}));
-            }
-        }
-    }
+                route.decl.models.iter().map(
+                    move |model| serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": owner}),
+                )
+            })
+            .collect();
     let body = serde_json::json!({"object": "list", "data": data});
     json_response(StatusCode::OK, body.to_string().into_bytes())
 }
 
-/// The answer for a model no route serves. Where routes have auth plugins,
-/// a caller none of them admits gets their refusal, as it would for a model
-/// that exists: a 404 would tell it which models do (the auth phase runs
-/// before routing). Without auth plugins anywhere, it is a plain 404.
-async fn unknown_model(snapshot: &Snapshot, model: &str, request: &Outgoing) -> http::Response<Body> {
-    let mut refusal = None;
-    let mut asked = HashSet::new();
-    for route in snapshot.routes().iter().filter(|r| r.has_auth()) {
-        if asked.len() == MAX_UNKNOWN_MODEL_CHECKS {
-            break;
+/// The answer for a model no route serves: a plain 404, with no plugin
+/// run. The request names no route's model, so it is addressed to no
+/// namespace, and no tenant's plugin may see it (nor its credential).
+/// Model names can be found by probing, as with OpenAI's own API.
+fn unknown_model(model: &str) -> http::Response<Body> {
+    error_response(&ApiError::model_not_found(model))
+}
+
+/// Refuses a request this gateway has forwarded already (its own `via`
+/// entry: a route whose backend leads back to it), or one that has passed
+/// through more than `max_gateway_hops` Sluice gateways. Checked before the
+/// body is read or any plugin runs, so a loop costs one refusal, not a
+/// request per lap until a limit stops it.
+fn refuse_loops(gateway: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
+    let ours = gateway.settings.via.as_bytes();
+    let ours = ours.split(u8::is_ascii_whitespace).nth(1).unwrap_or(ours);
+    let mut hops = 0;
+    for entry in headers.get_all(header::VIA).iter().flat_map(|value| value.as_bytes().split(|b| *b == b',')) {
+        // `protocol received-by [comment]`
+        let by = entry.trim_ascii().split(u8::is_ascii_whitespace).nth(1).unwrap_or_default();
+        if by == ours {
+            return Err(ApiError::loop_detected(
+                "this gateway has forwarded the request already; a route's backend leads back to it",
+            ));
         }
-        if !asked.insert(route.auth_chain()) {
-            continue;
-        }
-        match chain::authenticate(route, model, request).await {
-            Ok(()) => return error_response(&ApiError::model_not_found(model)),
-            Err(response) => {
-                refusal.get_or_insert(response);
-            }
-        }
+        hops += usize::from(by.starts_with(b"sluice-"));
     }
-    refusal.unwrap_or_else(|| error_response(&ApiError::model_not_found(model)))
+    let max = gateway.settings.max_gateway_hops;
+    if hops > max {
+        return Err(ApiError::loop_detected(format_args!(
+            "the request has passed through {hops} gateways, more than {max} (--max-gateway-hops)"
+        )));
+    }
+    Ok(())
 }
 
 /// The phases of one forwarded request, each with one home: read the body,
@@ -225,6 +216,7 @@ async fn proxy(
     record: &mut RequestRecord,
 ) -> Result<http::Response<Body>, ApiError> {
     record.operation = operation_of(request.uri().path());
+    refuse_loops(gateway, request.headers())?;
     let (parts, body) = request.into_parts();
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
@@ -238,7 +230,7 @@ async fn proxy(
         return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
     }
     let Some((mut route, mut model_label)) = snapshot.routed(&model) else {
-        return Ok(unknown_model(snapshot, &model, &client_request).await);
+        return Ok(unknown_model(&model));
     };
     // The client's request is kept for a fallback only if there may be one.
     let mut client_request = Some(client_request);

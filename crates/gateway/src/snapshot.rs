@@ -9,8 +9,8 @@ use http::HeaderValue;
 use http::header::{self, HeaderName};
 use serde::Serialize;
 use sluice_core::{
-    ApiError, ApiKeySource, BackendTimeouts, Condition, DesiredConfig, FailurePolicy, LoadState, Phase, PluginDecl,
-    PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
+    ApiError, ApiKeySource, BackendPolicy, BackendTimeouts, Condition, DesiredConfig, FailurePolicy, LoadState, Phase,
+    PluginDecl, PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
 };
 use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
@@ -142,12 +142,6 @@ impl Route {
         self.chain.first().is_some_and(|p| p.decl.phase == Phase::Auth)
     }
 
-    /// The route's Auth-phase plugins: routes with the same ones admit the
-    /// same callers.
-    pub fn auth_chain(&self) -> Vec<&ResourceKey> {
-        self.chain.iter().take_while(|p| p.decl.phase == Phase::Auth).map(|p| &p.decl.key).collect()
-    }
-
     /// Whether the route's retry policy or a fallback names `condition`.
     pub fn wants(&self, condition: Condition) -> bool {
         self.decl.retry.on.contains(condition) || self.decl.fallbacks.iter().any(|f| f.on.contains(condition))
@@ -216,10 +210,11 @@ pub async fn build(
     desired: &DesiredConfig,
     previous: &Snapshot,
     load_timeout: Duration,
+    backends: &Arc<BackendPolicy>,
 ) -> (Snapshot, BuildReport) {
     let mut report = BuildReport::default();
     let plugins = build_plugins(runtime, registry, desired, previous, load_timeout, &mut report).await;
-    let built = build_routes(desired, previous, &plugins, &mut report);
+    let built = build_routes(desired, previous, &plugins, backends, &mut report);
     let by_model = index_models(&built);
     let routes = built.into_iter().map(|b| b.route).collect();
     // Only plugins some route uses need to stay loaded, but all are kept so
@@ -292,6 +287,7 @@ fn build_routes(
     desired: &DesiredConfig,
     previous: &Snapshot,
     plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    backends: &Arc<BackendPolicy>,
     report: &mut BuildReport,
 ) -> Vec<Built> {
     let conflicts = desired.conflicts();
@@ -304,7 +300,7 @@ fn build_routes(
             report.routes.insert(decl.key.clone(), LoadState::failed(reason::MODEL_CONFLICT, &conflict.message, None));
             continue;
         }
-        let message = match build_route(decl, plugins, previous_routes.get(&decl.key).map(|r| &***r)) {
+        let message = match build_route(decl, plugins, backends, previous_routes.get(&decl.key).map(|r| &***r)) {
             Ok(route) => {
                 report.routes.insert(decl.key.clone(), LoadState::ready(None));
                 routes.push(Built { route: Arc::new(route), last_good: false });
@@ -449,8 +445,14 @@ async fn pull(
 fn build_route(
     decl: &RouteDecl,
     plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    policy: &Arc<BackendPolicy>,
     previous: Option<&Route>,
 ) -> Result<Route, String> {
+    // A backend the gateway may not reach is refused here, with its reason,
+    // rather than on every request (names are checked when they resolve).
+    if let Some(why) = decl.backends.iter().find_map(|b| policy.refuses_url(&b.url)) {
+        return Err(why);
+    }
     let mut chain: Vec<Arc<LoadedPlugin>> = decl
         .plugins
         .iter()
@@ -484,7 +486,7 @@ fn build_route(
                     old.client.clone()
                 }
                 (tls, connect) => Some(
-                    UpstreamClient::for_backend(connect, tls.as_ref())
+                    UpstreamClient::for_backend(connect, tls.as_ref(), policy.clone())
                         .map_err(|e| format!("backend {}: {e}", url_label(&b.url)))?,
                 ),
             };
@@ -586,7 +588,7 @@ mod tests {
         routes: Vec<RouteDecl>,
     ) -> (Snapshot, BuildReport) {
         let desired = DesiredConfig { revision: 0, plugins, routes };
-        build(runtime, None, &desired, previous, Duration::from_secs(60)).await
+        build(runtime, None, &desired, previous, Duration::from_secs(60), &Arc::default()).await
     }
 
     fn served_by(snapshot: &Snapshot, model: &str) -> Option<String> {

@@ -173,6 +173,32 @@ pub struct RunArgs {
     pub registry: RegistryArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub backends: BackendArgs,
+}
+
+/// What routes' backends may reach, and request loops.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Backends")]
+pub struct BackendArgs {
+    /// Refuse backends on loopback (127.0.0.0/8, ::1), 0.0.0.0/8,
+    /// link-local (169.254.0.0/16, the cloud metadata service; fe80::/10),
+    /// fd00:ec2::254, this host's own addresses, and the gateway's own
+    /// listener ports, unless --allow-backend-cidr allows them. Always on
+    /// with --kubernetes, where routes' authors are not the operator; off by
+    /// default with --config.
+    #[arg(long)]
+    pub restrict_backends: bool,
+    /// A range (ADDRESS/PREFIX, or one address) that restricted backends may
+    /// reach after all, e.g. a sidecar on 127.0.0.1/32. Repeatable. The
+    /// gateway's own listener ports stay refused.
+    #[arg(long, value_name = "CIDR", env = "SLUICE_ALLOW_BACKEND_CIDR", value_delimiter = ',')]
+    pub allow_backend_cidr: Vec<sluice_core::Cidr>,
+    /// Sluice gateways (their `via` entries) a request may have passed
+    /// through; past it, a 508. A request that comes back to the same
+    /// gateway is refused whatever the count.
+    #[arg(long, default_value_t = Settings::default().max_gateway_hops)]
+    pub max_gateway_hops: usize,
 }
 
 /// Metrics, traces and the access log.
@@ -416,8 +442,24 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         request_body_timeout: Duration::from_secs(args.limits.request_body_timeout_seconds.max(1)),
         upstream_idle_timeout: Duration::from_secs(args.upstream_idle_timeout_seconds.max(1)),
         plugin_load_timeout: Duration::from_secs(args.plugin_load_timeout_seconds.max(1)),
+        backends: Arc::new(backend_policy(args)),
+        max_gateway_hops: args.backends.max_gateway_hops,
+        ..Settings::default()
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)
+}
+
+/// What backends may reach: restricted on Kubernetes or when asked, with
+/// this host's addresses and the gateway's listener ports as its own.
+fn backend_policy(args: &RunArgs) -> sluice_core::BackendPolicy {
+    let restricted = args.kubernetes || args.backends.restrict_backends;
+    let listeners = [Some(args.listen), Some(args.admin), args.probes, args.telemetry.metrics];
+    sluice_core::BackendPolicy {
+        restricted,
+        allowed: args.backends.allow_backend_cidr.clone(),
+        own_addresses: if restricted { sluice_core::backends::local_addresses() } else { Vec::new() },
+        own_ports: listeners.into_iter().flatten().map(|addr| addr.port()).collect(),
+    }
 }
 
 /// Starts the directory watcher, or the Kubernetes controller (whose task
@@ -443,6 +485,7 @@ async fn start_config_source(
             host_env_vars: args.allow_host_env.clone(),
             model_claims: args.model_claim.clone(),
             registry_credential_namespaces: args.registry_credentials_namespace.clone(),
+            backends: backend_policy(args),
         },
     };
     tracing::info!(

@@ -10,7 +10,11 @@
 //!   `failChunk: true` traps on the first chunk;
 //! - config `body: true` declares `response-body` and appends
 //!   `"probe": "seen"` to a JSON body;
-//! - `response-end` logs the summary, usage included, as one line.
+//! - `response-end` logs the summary, usage included, as one line;
+//! - config `recordHeader: name` keeps every value of that request header
+//!   the instance has seen (the last 16), logs each one, and hands them all
+//!   back in the `x-probe-recorded` response header: what a `Reused` plugin
+//!   could harvest from requests that reach it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -36,11 +40,15 @@ struct Config {
     fail_chunk: bool,
     #[serde(default)]
     body: bool,
+    record_header: Option<String>,
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
 static SERVED: AtomicU32 = AtomicU32::new(0);
 static CONTENT_CHUNKS: AtomicU32 = AtomicU32::new(0);
+static RECORDED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Recorded values kept per instance.
+const MAX_RECORDED: usize = 16;
 
 fn with_config<T>(f: impl FnOnce(&Config) -> T) -> T {
     let config = CONFIG.lock().unwrap_or_else(PoisonError::into_inner);
@@ -69,6 +77,17 @@ impl Guest for Probe {
         }
         SERVED.fetch_add(1, Ordering::Relaxed);
         CONTENT_CHUNKS.store(0, Ordering::Relaxed);
+        if let Some(name) = with_config(|c| c.record_header.clone()) {
+            let mut recorded = RECORDED.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(value) = req.header(&name) {
+                log(LogLevel::Info, "probe: recorded", &[("value".into(), value.clone())]);
+                if recorded.len() == MAX_RECORDED {
+                    recorded.remove(0);
+                }
+                recorded.push(value);
+            }
+            req.set_response_header("x-probe-recorded", &recorded.join(" | "));
+        }
         RequestAction::Continue
     }
 
