@@ -115,19 +115,20 @@ async fn stalling_upstream(len: usize, sent: usize) -> std::net::SocketAddr {
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { return };
-            let service = hyper::service::service_fn(move |_request: hyper::Request<hyper::body::Incoming>| async move {
-                let chunk = bytes::Bytes::from(vec![b' '; 64 << 10]);
-                let frames = futures_util::stream::iter((0..sent / chunk.len()).map(move |_| chunk.clone()))
-                    .map(|data| Ok::<_, std::convert::Infallible>(Frame::data(data)))
-                    .chain(futures_util::stream::pending());
-                let body = http_body_util::StreamBody::new(frames);
-                let response = hyper::Response::builder()
-                    .header("content-type", "application/json")
-                    .header("content-length", len.to_string())
-                    .body(body)
-                    .unwrap();
-                Ok::<_, std::convert::Infallible>(response)
-            });
+            let service =
+                hyper::service::service_fn(move |_request: hyper::Request<hyper::body::Incoming>| async move {
+                    let chunk = bytes::Bytes::from(vec![b' '; 64 << 10]);
+                    let frames = futures_util::stream::iter((0..sent / chunk.len()).map(move |_| chunk.clone()))
+                        .map(|data| Ok::<_, std::convert::Infallible>(Frame::data(data)))
+                        .chain(futures_util::stream::pending());
+                    let body = http_body_util::StreamBody::new(frames);
+                    let response = hyper::Response::builder()
+                        .header("content-type", "application/json")
+                        .header("content-length", len.to_string())
+                        .body(body)
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(response)
+                });
             tokio::spawn(async move {
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
