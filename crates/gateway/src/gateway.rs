@@ -46,6 +46,10 @@ pub struct Settings {
     /// long; past it, the plugin is reported (and retried), and the rest of
     /// the config is applied without waiting for it.
     pub plugin_load_timeout: Duration,
+    /// Upstream response bytes all responses may hold in memory together,
+    /// and each backend's share of it (the flags' values, and the budget
+    /// itself, shared by the clones of these settings): past it, a 503.
+    pub response_buffers: crate::body::ResponseBuffers,
 }
 
 impl Default for Settings {
@@ -61,8 +65,19 @@ impl Default for Settings {
             request_body_timeout: Duration::from_secs(30),
             upstream_idle_timeout: Duration::from_secs(120),
             plugin_load_timeout: Duration::from_secs(60),
+            response_buffers: crate::body::ResponseBuffers::new(
+                Self::DEFAULT_MAX_BUFFERED_RESPONSE_BYTES,
+                Self::DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT,
+            ),
         }
     }
+}
+
+impl Settings {
+    /// See /work/evidence/memory-worst-case.md (docs/security.md): with the
+    /// other budgets' defaults, the worst case stays inside a 1 GiB pod.
+    pub const DEFAULT_MAX_BUFFERED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+    pub const DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT: u8 = 50;
 }
 
 /// How often the backends out of rotation are checked for the load report.
@@ -111,6 +126,8 @@ impl Gateway {
         registry: Option<Registry>,
         settings: Settings,
     ) -> Result<Arc<Self>, crate::upstream::ClientError> {
+        let response_buffers = i64::try_from(settings.response_buffers.max()).unwrap_or(i64::MAX);
+        metrics().response_buffer_budget.set(response_buffers);
         Ok(Arc::new(Self {
             registry,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
