@@ -63,6 +63,10 @@ pub struct Settings {
     /// Gateways (Sluice's `via` entries) a request may have passed through
     /// already; past it, a 508.
     pub max_gateway_hops: usize,
+    /// Upstream response bytes all responses may hold in memory together,
+    /// and each backend's share of it (the flags' values, and the budget
+    /// itself, shared by the clones of these settings): past it, a 503.
+    pub response_buffers: crate::body::ResponseBuffers,
 }
 
 impl Default for Settings {
@@ -87,8 +91,19 @@ impl Default for Settings {
             via: http::HeaderValue::try_from(format!("1.1 sluice-{:016x}", fastrand::u64(..)))
                 .unwrap_or(http::HeaderValue::from_static("1.1 sluice-0")),
             max_gateway_hops: 8,
+            response_buffers: crate::body::ResponseBuffers::new(
+                Self::DEFAULT_MAX_BUFFERED_RESPONSE_BYTES,
+                Self::DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT,
+            ),
         }
     }
+}
+
+impl Settings {
+    /// See /work/evidence/memory-worst-case.md (docs/security.md): with the
+    /// other budgets' defaults, the worst case stays inside a 1 GiB pod.
+    pub const DEFAULT_MAX_BUFFERED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+    pub const DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT: u8 = 50;
 }
 
 /// How often the backends out of rotation are checked for the load report.
@@ -139,6 +154,8 @@ impl Gateway {
         registry: Option<Registry>,
         settings: Settings,
     ) -> Result<Arc<Self>, crate::upstream::ClientError> {
+        let response_buffers = i64::try_from(settings.response_buffers.max()).unwrap_or(i64::MAX);
+        metrics().response_buffer_budget.set(response_buffers);
         Ok(Arc::new(Self {
             registry,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),

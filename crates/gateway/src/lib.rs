@@ -23,6 +23,7 @@ mod target;
 mod upstream;
 
 pub use admin::refresh_metrics;
+pub use body::ResponseBuffers;
 pub use gateway::{Gateway, Settings};
 pub use server::{serve_admin, serve_data_plane, serve_metrics, serve_probes};
 pub use snapshot::{BuildReport, Snapshot};

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, StreamBody};
 use sluice_core::ApiError;
 use sluice_providers::anthropic;
 
-use crate::body::{Body, BoxError, collect_limited, full};
+use crate::body::{Body, BoxError, Held, collect_held, full_held};
 use crate::gateway::Gateway;
 use crate::sse::{EventSplitter, data_event, data_of};
 
@@ -75,21 +75,34 @@ pub(crate) async fn anthropic_response(
         && let Some(include_usage) = stream
         && event_stream
     {
-        return Ok((http::Response::from_parts(parts, translate_stream(body, include_usage)), None));
+        let held = gateway.settings.response_buffers.hold(None);
+        return Ok((http::Response::from_parts(parts, translate_stream(body, include_usage, held)), None));
     }
     let limit = if parts.status.is_success() { gateway.settings.max_body_bytes } else { MAX_ERROR_BYTES };
-    let bytes = collect_limited(body, limit, idle).await.map_err(|error| {
-        ApiError::upstream_unavailable(format!("reading the Anthropic backend's response: {error}"))
-    })?;
+    // The whole body is held to translate it: charged to the budget all
+    // responses share as it arrives, and kept charged (as the translation)
+    // until it is sent.
+    let mut held = gateway.settings.response_buffers.hold(None);
+    let bytes = collect_held(body, limit, idle, &mut held)
+        .await
+        .map_err(|error| error.into_api_error("reading the Anthropic backend's response"))?;
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if !parts.status.is_success() {
         let translated = anthropic::error_response(parts.status.as_u16(), &bytes);
         let code = error_code(&translated);
-        return Ok((http::Response::from_parts(parts, full(translated)), code));
+        return Ok((http::Response::from_parts(parts, held_body(translated, held)), code));
     }
     let translated = anthropic::chat_response(&bytes)
         .map_err(|error| ApiError::upstream_unavailable(format!("the Anthropic backend's response: {error}")))?;
-    Ok((http::Response::from_parts(parts, full(translated)), None))
+    Ok((http::Response::from_parts(parts, held_body(translated, held)), None))
+}
+
+/// A translated body, charged as such from now on (a larger translation is
+/// held anyway: its source is freed as it is made).
+fn held_body(translated: impl Into<Bytes>, mut held: Held) -> Body {
+    let translated = translated.into();
+    let _ = held.resize(translated.len());
+    full_held(translated, held)
 }
 
 /// The `code` of an OpenAI-shaped error body.
@@ -106,8 +119,9 @@ pub(crate) fn error_code(body: &[u8]) -> Option<String> {
 }
 
 /// Anthropic's events, as OpenAI's chunks, as they arrive.
-fn translate_stream(upstream: Body, include_usage: bool) -> Body {
+fn translate_stream(upstream: Body, include_usage: bool, held: Held) -> Body {
     let state = Translating {
+        held,
         upstream: Some(upstream),
         splitter: EventSplitter::default(),
         translator: anthropic::StreamTranslator::new(include_usage),
@@ -121,6 +135,8 @@ fn translate_stream(upstream: Body, include_usage: bool) -> Body {
 }
 
 struct Translating {
+    /// What the unfinished event holds of the response buffer budget.
+    held: Held,
     upstream: Option<Body>,
     splitter: EventSplitter,
     translator: anthropic::StreamTranslator,
@@ -154,9 +170,15 @@ impl Translating {
                         self.upstream = None;
                         return Some(Err("the Anthropic backend sent an event longer than 4 MiB".into()));
                     }
+                    if self.held.resize(self.splitter.buffered()).is_err() {
+                        self.upstream = None;
+                        return Some(Err("the memory responses may hold together is in use".into()));
+                    }
                     while let Some(event) = self.splitter.next_event() {
                         self.event(&event);
                     }
+                    // Smaller: never refused.
+                    let _ = self.held.resize(self.splitter.buffered());
                 }
             }
         }

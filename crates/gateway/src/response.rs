@@ -18,7 +18,7 @@ use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSu
 
 use sluice_telemetry::{Hook, RequestRecord, Tokens};
 
-use crate::body::{Body, BoxError, collect_limited, full};
+use crate::body::{Body, BoxError, Held, collect_held, full};
 use crate::chain::Engaged;
 use crate::gateway::Settings;
 use crate::json::Checked;
@@ -69,15 +69,20 @@ pub async fn respond(
     let wanted = engaged.iter().fold(Hooks::empty(), |hooks, e| hooks | e.hooks());
     let mut body = body;
     let mut known = None;
+    // What this response holds in memory (a whole body, a usage copy, an
+    // unfinished event), charged to the budget all responses share, and
+    // to its backend's share of it, until the response is over.
+    let mut held = settings.response_buffers.hold(record.backend.as_deref());
     if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
         // Only a `response-body` hook makes the gateway hold a whole body.
-        let whole = collect_limited(body, max_body_bytes, limits.idle).await.map_err(|error| {
-            ApiError::upstream_unavailable(format!(
-                "reading the upstream's response for response-body plugins: {error}"
-            ))
-        })?;
+        let whole = collect_held(body, max_body_bytes, limits.idle, &mut held)
+            .await
+            .map_err(|error| error.into_api_error("reading the upstream's response for response-body plugins"))?;
         known = Some(reported_in(&whole));
-        body = full(response_body_filters(&mut engaged, whole, max_body_bytes, record).await?);
+        let filtered = response_body_filters(&mut engaged, whole, max_body_bytes, record).await?;
+        // A larger body written by a plugin is held anyway: charged if it can be.
+        let _ = held.resize(filtered.len());
+        body = full(filtered);
         head.headers.remove(header::CONTENT_LENGTH);
     } else if streamed && wanted.contains(Hooks::RESPONSE_CHUNK) {
         head.headers.remove(header::CONTENT_LENGTH);
@@ -90,7 +95,7 @@ pub async fn respond(
     }
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced. It ends the request.
-    let body = relay(body, record.hand_off(), engaged, read_already, limits);
+    let body = relay(body, record.hand_off(), engaged, read_already, limits, held);
     Ok(http::Response::from_parts(head, body))
 }
 
@@ -156,7 +161,14 @@ async fn response_body_filters(
 /// The body the client receives. It ends the exchange (`response-end`
 /// hooks, the request's record) when the upstream's body ends, or when the
 /// client goes away. `known`: the usage and model were read already.
-fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bool, limits: BodyLimits) -> Body {
+fn relay(
+    upstream: Body,
+    record: RequestRecord,
+    plugins: Vec<Engaged>,
+    known: bool,
+    limits: BodyLimits,
+    held: Held,
+) -> Body {
     let streamed = record.streamed;
     let chunk_hooks = streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
@@ -167,6 +179,7 @@ fn relay(upstream: Body, record: RequestRecord, plugins: Vec<Engaged>, known: bo
         out: VecDeque::new(),
         failed: false,
         limits,
+        held,
         tail: Some(Tail { record, plugins }),
     };
     let frames = futures_util::stream::unfold(relay, |mut relay| async move {
@@ -196,6 +209,9 @@ struct Relay {
     /// exchange is cut: a stalled upstream must not hold plugin instances
     /// for good.
     limits: BodyLimits,
+    /// What the body held, the usage copy or the unfinished event hold of
+    /// the response buffer budget.
+    held: Held,
 }
 
 struct Tail {
@@ -289,10 +305,23 @@ impl Relay {
     /// Takes one frame of the upstream's body.
     async fn take(&mut self, bytes: Bytes) {
         if let Some(copy) = &mut self.json_copy {
-            if copy.len() + bytes.len() <= USAGE_COPY_LIMIT {
+            let needed = copy.len() + bytes.len();
+            // Charged by capacity, before it grows; a copy the budget cannot
+            // hold is given up (its usage goes unreported), the body passes.
+            let fits = needed <= USAGE_COPY_LIMIT
+                && (needed <= copy.capacity() || {
+                    let capacity = needed.max(copy.capacity() * 2).min(USAGE_COPY_LIMIT);
+                    let held = self.held.resize(capacity).is_ok();
+                    if held {
+                        copy.reserve(capacity - copy.len());
+                    }
+                    held
+                });
+            if fits {
                 copy.extend_from_slice(&bytes);
             } else {
                 self.json_copy = None;
+                let _ = self.held.resize(0);
             }
         }
         let Some(splitter) = &mut self.splitter else {
@@ -305,11 +334,18 @@ impl Relay {
             // a route without chunk hooks adds no latency to a stream.
             self.out.push_back(bytes);
         }
-        if splitter.buffered() > MAX_EVENT_BYTES {
+        let too_long = splitter.buffered() > MAX_EVENT_BYTES;
+        let unheld = !too_long && self.held.resize(splitter.buffered()).is_err();
+        if too_long || unheld {
+            let _ = self.held.resize(0);
             if self.chunk_hooks {
-                let error = ApiError::upstream_unavailable(format!(
-                    "the upstream sent an event longer than {MAX_EVENT_BYTES} bytes"
-                ));
+                let error = if too_long {
+                    ApiError::upstream_unavailable(format!(
+                        "the upstream sent an event longer than {MAX_EVENT_BYTES} bytes"
+                    ))
+                } else {
+                    ApiError::overloaded("the memory responses may hold together is in use")
+                };
                 self.out.push_back(Bytes::from(data_event(&String::from_utf8_lossy(&error.to_json()))));
                 self.upstream = None;
                 self.failed = true;
@@ -324,6 +360,10 @@ impl Relay {
             if self.upstream.is_none() {
                 return;
             }
+        }
+        if let Some(splitter) = &self.splitter {
+            // Smaller: never refused.
+            let _ = self.held.resize(splitter.buffered());
         }
     }
 

@@ -59,6 +59,10 @@ pub(crate) fn classify(store: &Store<PluginState>, error: wasmtime::Error, timeo
         PluginError::MemoryLimit(memory.max_bytes)
     } else if memory.refused == Some(Refused::Budget) {
         PluginError::Overloaded("the memory all plugin instances may hold together is in use".into())
+    } else if memory.refused == Some(Refused::NamespaceShare) {
+        PluginError::Overloaded("its namespace's share of the memory plugin instances may hold is in use".into())
+    } else if memory.refused == Some(Refused::PluginShare) {
+        PluginError::Overloaded("its share of the memory plugin instances may hold is in use".into())
     } else if let Some(pool) = error.chain().find_map(|e| e.downcast_ref::<PoolConcurrencyLimitError>()) {
         PluginError::Overloaded(format!("plugin instance pool: {pool}"))
     } else {

@@ -54,10 +54,11 @@ impl PluginState {
         tokens: TokenCounter,
         ticker: Arc<EpochTicker>,
     ) -> Self {
+        let memory = MemoryLimiter::new(max_memory_bytes, budget, &plugin);
         Self {
             ticker,
             plugin,
-            memory: MemoryLimiter::new(max_memory_bytes, budget),
+            memory,
             deadline: Instant::now(),
             ticked: false,
             log_rate,

@@ -76,6 +76,14 @@ pub enum LoadError {
     Compile(String),
     #[error("the component does not fit the sluice:plugin world: {0}")]
     Incompatible(String),
+    /// Its `configure` needs more memory than one plugin's share of the
+    /// guest memory budget: it could never serve.
+    #[error(
+        "its configure needs more than {} MiB, its share of the memory all plugin instances may hold \
+         (--max-guest-memory-plugin-percent of --max-guest-memory-bytes)",
+        .0 / (1024 * 1024)
+    )]
+    OverShare(usize),
     #[error(transparent)]
     Plugin(#[from] PluginError),
 }

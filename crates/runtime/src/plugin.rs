@@ -17,7 +17,7 @@ use crate::epoch::EpochTicker;
 use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
-use crate::memory::GuestMemory;
+use crate::memory::{GuestMemory, IdlePool, PluginShare};
 use crate::request::PluginRequest;
 use crate::snapshot::{Budget, Snapshot, Source};
 use crate::versions::{Plugin, PluginPre};
@@ -102,17 +102,23 @@ impl PluginModule {
             isolation,
             snapshot: Arc::default(),
             configuring_us: Arc::default(),
-            idle: Arc::new(Mutex::new(Vec::new())),
+            idle: Idle::new(self.shared.memory.share_of(name)),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
         let started = Instant::now();
-        let (live, hooks) = plugin.configure_live().await?;
+        let (live, hooks) = plugin.configure_live().await.map_err(|error| match error {
+            // Capped below its own limit: by its share of the budget.
+            PluginError::MemoryLimit(share) if share < limits.max_memory_bytes => LoadError::OverShare(share),
+            error => LoadError::Plugin(error),
+        })?;
         let took = started.elapsed();
         plugin.hooks = hooks;
         // A reusable instance is kept: the first request does not pay for it.
         if let Isolation::Reused { .. } = isolation {
-            plugin.idle.lock().unwrap_or_else(PoisonError::into_inner).push(live);
+            plugin.idle.push(live);
+            let pool: Arc<dyn IdlePool> = plugin.idle.clone();
+            self.shared.memory.register_idle(Arc::downgrade(&pool));
         }
         // A `Reused` plugin makes its snapshot once configuring new
         // instances has cost enough: it may never need many (one request at
@@ -244,8 +250,8 @@ pub struct ConfiguredPlugin {
     limits: Limits,
     hooks: Hooks,
     isolation: Isolation,
-    /// Idle instances of a `Reused` plugin, most recently used last.
-    idle: Arc<Mutex<Vec<Live>>>,
+    /// Idle instances of a `Reused` plugin.
+    idle: Arc<Idle>,
     /// One permit per instance serving a request.
     busy: Arc<Semaphore>,
     /// Shared by all its instances.
@@ -285,7 +291,7 @@ impl ConfiguredPlugin {
     /// Its instances serving requests now, and those idle waiting for one.
     pub fn instances(&self) -> (usize, usize) {
         let in_use = self.module.shared.max_instances_per_plugin.saturating_sub(self.busy.available_permits());
-        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let idle = self.idle.instances.lock().unwrap_or_else(PoisonError::into_inner).len();
         (in_use, idle)
     }
 
@@ -369,7 +375,7 @@ impl ConfiguredPlugin {
             Isolation::PerRequest => None,
             Isolation::Reused { max_idle } => Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize }),
         };
-        let reused = home.as_ref().and_then(|home| home.idle.lock().unwrap_or_else(PoisonError::into_inner).pop());
+        let reused = home.as_ref().and_then(|home| home.idle.pop());
         let live = match reused {
             Some(live) => live,
             None => self.instantiate_live().await?,
@@ -412,8 +418,54 @@ impl ConfiguredPlugin {
 
 /// Where a `Reused` instance returns after its request.
 struct Home {
-    idle: Arc<Mutex<Vec<Live>>>,
+    idle: Arc<Idle>,
     max_idle: usize,
+}
+
+/// The idle instances of a `Reused` plugin, each with when it went idle,
+/// most recently used last. Registered with the guest memory budget, which
+/// drops them, least recently used first, when a live instance needs their
+/// memory.
+pub(crate) struct Idle {
+    instances: Mutex<Vec<(Instant, Live)>>,
+    share: Arc<PluginShare>,
+}
+
+impl Idle {
+    fn new(share: Arc<PluginShare>) -> Arc<Self> {
+        Arc::new(Self { instances: Mutex::new(Vec::new()), share })
+    }
+
+    fn push(&self, live: Live) {
+        self.instances.lock().unwrap_or_else(PoisonError::into_inner).push((Instant::now(), live));
+    }
+
+    /// The most recently used: its pages are the likeliest still resident.
+    fn pop(&self) -> Option<Live> {
+        self.instances.lock().unwrap_or_else(PoisonError::into_inner).pop().map(|(_, live)| live)
+    }
+}
+
+impl IdlePool for Idle {
+    fn oldest(&self) -> Option<Instant> {
+        self.instances.lock().unwrap_or_else(PoisonError::into_inner).first().map(|(since, _)| *since)
+    }
+
+    fn evict_oldest(&self) -> bool {
+        let mut instances = self.instances.lock().unwrap_or_else(PoisonError::into_inner);
+        if instances.is_empty() {
+            return false;
+        }
+        let evicted = instances.remove(0);
+        // Dropped after the lock: dropping a store gives its memory back.
+        drop(instances);
+        drop(evicted);
+        true
+    }
+
+    fn share(&self) -> &Arc<PluginShare> {
+        &self.share
+    }
 }
 
 /// One plugin instance serving one request, from the request to the end of
@@ -489,10 +541,14 @@ impl Drop for PluginInstance {
             return;
         }
         if let (Some(home), Some(live)) = (&self.home, self.live.take()) {
-            let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut idle = home.idle.instances.lock().unwrap_or_else(PoisonError::into_inner);
             if idle.len() < home.max_idle {
-                idle.push(live);
+                idle.push((Instant::now(), live));
+                return;
             }
+            // Dropped after the lock.
+            drop(idle);
+            drop(live);
         }
     }
 }

@@ -24,10 +24,19 @@ pub struct RuntimeConfig {
     /// The most linear memory any one plugin may be given.
     pub max_memory_bytes: usize,
     /// The linear memory all plugin instances may hold together. The
-    /// default fits a 1 GiB container: 384 MiB of guests, next to 256 MiB of
-    /// buffered request bodies (the gateway's default), the two tokenizers,
-    /// compiled plugins and the rest of the process.
+    /// default fits a 1 GiB container: 256 MiB of guests, next to 256 MiB of
+    /// buffered request bodies and 64 MiB of response buffers (the gateway's
+    /// defaults), 96 MiB of snapshots, the two tokenizers, compiled plugins
+    /// and the rest of the process (issue 41: the sum, budget by budget).
     pub max_guest_memory_bytes: usize,
+    /// The share of `max_guest_memory_bytes` one namespace's plugin
+    /// instances may hold together, busy or idle, in percent: one tenant
+    /// cannot take the whole budget.
+    pub guest_memory_namespace_percent: u8,
+    /// The share one plugin's instances (all its versions) may hold
+    /// together, in percent; an instance alone is capped at it too, and a
+    /// plugin whose `configure` needs more is refused at load.
+    pub guest_memory_plugin_percent: u8,
     /// Instances of one plugin version alive at once (requests in its hooks,
     /// and responses it waits on). Past it, and past the pool or the memory
     /// budget, [`crate::PluginError::Overloaded`].
@@ -76,12 +85,14 @@ impl Default for RuntimeConfig {
             cache_dir: None,
             max_instances: 1000,
             max_memory_bytes: 1 << 30,
-            max_guest_memory_bytes: 384 << 20,
+            max_guest_memory_bytes: 256 << 20,
+            guest_memory_namespace_percent: 50,
+            guest_memory_plugin_percent: 50,
             max_instances_per_plugin: 256,
             // Half the cores: the async workers keep the rest.
             token_counting_threads: (cores / 2).max(1),
             plugin_log_lines_per_second: 100,
-            max_snapshot_bytes: 128 << 20,
+            max_snapshot_bytes: 96 << 20,
             // A fresh Rust plugin instance touches about this much at the low
             // addresses of its memory: keeping it halves a request's cost.
             keep_resident_bytes: 64 << 10,
@@ -152,7 +163,11 @@ impl Runtime {
         let mut linker = crate::wasi::base_linker(&engine).map_err(StartError::wasmtime)?;
         crate::versions::add_to_linker(&mut linker).map_err(StartError::wasmtime)?;
         let shared = Arc::new(Shared {
-            memory: GuestMemory::new(config.max_guest_memory_bytes),
+            memory: GuestMemory::metered(
+                config.max_guest_memory_bytes,
+                config.guest_memory_namespace_percent,
+                config.guest_memory_plugin_percent,
+            ),
             tokens: TokenCounter::new(config.token_counting_threads),
             max_instances_per_plugin: config.max_instances_per_plugin.max(1) as usize,
             log_lines_per_second: config.plugin_log_lines_per_second,

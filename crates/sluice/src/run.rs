@@ -175,6 +175,8 @@ pub struct RunArgs {
     pub telemetry: TelemetryArgs,
     #[command(flatten)]
     pub backends: BackendArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 }
 
 /// What routes' backends may reach, and request loops.
@@ -419,6 +421,8 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         keep_resident_bytes: args.plugin_keep_resident_bytes,
         snapshot_settle: Duration::from_millis(args.plugin_snapshot_settle_ms),
         snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
+        guest_memory_namespace_percent: args.memory.max_guest_memory_namespace_percent,
+        guest_memory_plugin_percent: args.memory.max_guest_memory_plugin_percent,
         ..Default::default()
     })
     .context("starting the plugin runtime")?;
@@ -444,6 +448,10 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         plugin_load_timeout: Duration::from_secs(args.plugin_load_timeout_seconds.max(1)),
         backends: Arc::new(backend_policy(args)),
         max_gateway_hops: args.backends.max_gateway_hops,
+        response_buffers: sluice_gateway::ResponseBuffers::new(
+            args.memory.max_buffered_response_bytes,
+            args.memory.max_buffered_response_backend_percent,
+        ),
         ..Settings::default()
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)
@@ -607,4 +615,35 @@ mod tests {
         result.unwrap().unwrap();
         assert!(exchange(listen, &chat).await.is_none(), "still listening after shutdown");
     }
+}
+
+/// How the memory budgets are shared between tenants (issue 41, items 5
+/// and 6): plugins' guest memory, and upstream responses held in memory.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Memory shares")]
+pub struct MemoryArgs {
+    /// The share of --max-guest-memory-bytes one namespace's plugin
+    /// instances may hold together, busy or idle, in percent; past it, a
+    /// 503 for that namespace's plugins only. Idle instances give their
+    /// memory back when a live one needs it.
+    #[arg(long, default_value_t = RuntimeConfig::default().guest_memory_namespace_percent,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_guest_memory_namespace_percent: u8,
+    /// The share one plugin's instances may hold together, in percent; an
+    /// instance alone is capped at it, and a plugin whose `configure` needs
+    /// more is refused at load.
+    #[arg(long, default_value_t = RuntimeConfig::default().guest_memory_plugin_percent,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_guest_memory_plugin_percent: u8,
+    /// Upstream response bytes all responses may hold in memory together
+    /// (whole bodies for response-body plugins and provider translation,
+    /// error bodies, unfinished events, usage copies), in bytes; past it,
+    /// a 503 (or an unread usage).
+    #[arg(long, default_value_t = Settings::DEFAULT_MAX_BUFFERED_RESPONSE_BYTES)]
+    pub max_buffered_response_bytes: usize,
+    /// The share of --max-buffered-response-bytes the responses of one
+    /// backend may hold together, in percent.
+    #[arg(long, default_value_t = Settings::DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_buffered_response_backend_percent: u8,
 }

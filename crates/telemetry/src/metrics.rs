@@ -15,7 +15,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
-use prometheus_client::metrics::gauge::Gauge;
+pub use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -152,6 +152,24 @@ pub struct PluginInfoLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuestMemoryRefusalLabels {
+    /// `budget`, `namespace_share` or `plugin_share`.
+    pub limit: &'static str,
+    pub namespace: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseBufferRefusalLabels {
+    /// `budget` or `backend_share`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -237,6 +255,13 @@ pub struct Metrics {
     pub plugin_skipped: Family<PluginHookLabels, Counter>,
     pub plugin_instances: Family<PluginPoolLabels, Gauge>,
     pub plugin_info: Family<PluginInfoLabels, Gauge>,
+    pub guest_memory: Family<NamespaceLabels, Gauge>,
+    pub guest_memory_budget: Gauge,
+    pub guest_memory_refusals: Family<GuestMemoryRefusalLabels, Counter>,
+    pub guest_memory_evictions: Counter,
+    pub response_buffers: Gauge,
+    pub response_buffer_budget: Gauge,
+    pub response_buffer_refusals: Family<ResponseBufferRefusalLabels, Counter>,
     pub oci_pulls: Family<ResultLabels, Counter>,
     pub plugin_compiles: Family<ResultLabels, Counter>,
     pub plugin_compile_duration: Histogram,
@@ -273,6 +298,13 @@ impl Metrics {
             plugin_skipped: Family::default(),
             plugin_instances: Family::default(),
             plugin_info: Family::default(),
+            guest_memory: Family::default(),
+            guest_memory_budget: Gauge::default(),
+            guest_memory_refusals: Family::default(),
+            guest_memory_evictions: Counter::default(),
+            response_buffers: Gauge::default(),
+            response_buffer_budget: Gauge::default(),
+            response_buffer_refusals: Family::default(),
             oci_pulls: Family::default(),
             plugin_compiles: Family::default(),
             plugin_compile_duration: Histogram::new(TASK_SECONDS.iter().copied()),
@@ -373,6 +405,47 @@ impl Metrics {
             self.plugin_instances.clone(),
         );
         r.register("sluice_plugin_info", "Each loaded plugin version (value 1)", self.plugin_info.clone());
+        r.register_with_unit(
+            "sluice_plugin_guest_memory",
+            "Linear memory plugin instances hold, busy and idle, by namespace",
+            Unit::Bytes,
+            self.guest_memory.clone(),
+        );
+        r.register_with_unit(
+            "sluice_plugin_guest_memory_budget",
+            "Linear memory all plugin instances may hold together (--max-guest-memory-bytes)",
+            Unit::Bytes,
+            self.guest_memory_budget.clone(),
+        );
+        r.register(
+            "sluice_plugin_guest_memory_refusals",
+            "Guest memory growths refused, after evicting idle instances, by the limit that refused them \
+             (the budget, or the namespace's or plugin's share of it) and namespace",
+            self.guest_memory_refusals.clone(),
+        );
+        r.register(
+            "sluice_plugin_guest_memory_evictions",
+            "Idle plugin instances dropped to give their memory to a live one",
+            self.guest_memory_evictions.clone(),
+        );
+        r.register_with_unit(
+            "sluice_response_buffers",
+            "Upstream response bytes held in memory (for response-body plugins, translation, usage, events)",
+            Unit::Bytes,
+            self.response_buffers.clone(),
+        );
+        r.register_with_unit(
+            "sluice_response_buffer_budget",
+            "Upstream response bytes all responses may hold together (--max-buffered-response-bytes)",
+            Unit::Bytes,
+            self.response_buffer_budget.clone(),
+        );
+        r.register(
+            "sluice_response_buffer_refusals",
+            "Responses refused (502/503) or left unread for usage because the response buffer budget, or \
+             their backend's share of it, was used up",
+            self.response_buffer_refusals.clone(),
+        );
         r.register("sluice_oci_pulls", "Plugin pulls from OCI registries, by result", self.oci_pulls.clone());
         r.register(
             "sluice_plugin_compiles",

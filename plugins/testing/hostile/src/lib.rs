@@ -5,6 +5,10 @@
 //!   monotonic-clock subscribe + poll, what `std::thread::sleep` does);
 //! - config `responseHooks: true` also declares `response-head`, so an
 //!   instance is held until the response is over;
+//! - config `growInConfigure: true` grows linear memory in `configure`
+//!   until the host refuses, and keeps it (a `Reused` instance holds it
+//!   while idle); `allocateInConfigureMiB: n` allocates n MiB there and
+//!   keeps it, aborting if it cannot;
 //! - request header `x-hostile` picks an attack in the request hook:
 //!   `sleep` sleeps for 30 s; `forge` logs a message and fields with
 //!   newlines and escape sequences in them; `flood` logs 10 000 lines;
@@ -36,6 +40,9 @@ struct Config {
     sleep_in_configure_ms: Option<u64>,
     #[serde(default)]
     response_hooks: bool,
+    #[serde(default)]
+    grow_in_configure: bool,
+    allocate_in_configure_mi_b: Option<usize>,
 }
 
 struct Hostile;
@@ -45,6 +52,15 @@ impl Guest for Hostile {
         let config: Config = serde_json::from_str(&config).map_err(|e| format!("hostile: invalid config: {e}"))?;
         if let Some(ms) = config.sleep_in_configure_ms {
             std::thread::sleep(Duration::from_millis(ms));
+        }
+        if config.grow_in_configure {
+            // Raw growth, not allocation: a refused `memory.grow` returns -1
+            // rather than aborting, so `configure` succeeds holding it all.
+            #[cfg(target_arch = "wasm32")]
+            while core::arch::wasm32::memory_grow(0, 16) != usize::MAX {}
+        }
+        if let Some(mib) = config.allocate_in_configure_mi_b {
+            std::mem::forget(vec![1u8; mib << 20]);
         }
         let mut hooks = Hooks::REQUEST;
         if config.response_hooks {
