@@ -1,5 +1,5 @@
 //! Reading one member out of a JSON document without building a tree of it,
-//! refusing any object that names a member twice (`sluice_chat::unique`).
+//! refusing any object that names a member twice (`sluice_chat::check_members`).
 
 /// Any JSON value, checked as `serde_json::Value` checks it (every string
 /// decoded, every number in range) and with no name twice in an object,
