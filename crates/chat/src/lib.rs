@@ -11,15 +11,16 @@
 
 mod read;
 mod scan;
+mod unique;
 
 use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::Bytes;
-use serde::de::IgnoredAny;
 
 pub use scan::set_member;
 use scan::{elements, elements_with_members, members};
+pub use unique::{DUPLICATE_KEY, Name, Names, check_members, duplicate_key};
 
 /// A message's `content`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +38,55 @@ pub enum Part {
     Text(String),
     /// Any other part, as its JSON text.
     Other(String),
+}
+
+impl Part {
+    /// The text plugins read from this part, as the Rust plugin SDK's
+    /// `ContentPart::text` reads it: a text part's; a `refusal` part's
+    /// `refusal`; any other part's `text` member. `None` if that is not a
+    /// string. Upstreams read no other text from a part: what an
+    /// OpenAI-compatible one may read is this or less, and the Anthropic
+    /// translation sends only text parts' (the fuzz target
+    /// `plugin_view_is_what_is_sent` checks both).
+    pub fn text(&self) -> Option<Cow<'_, str>> {
+        match self {
+            Part::Text(text) => Some(Cow::Borrowed(text)),
+            Part::Other(json) => {
+                let part = serde_json::from_str::<PartText>(json).ok()?;
+                let member = if part.kind.as_ref().and_then(serde_json::Value::as_str) == Some("refusal") {
+                    part.refusal
+                } else {
+                    part.text
+                };
+                match member? {
+                    serde_json::Value::String(text) => Some(Cow::Owned(text)),
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// A part's members that carry text, where it is kept as JSON.
+#[derive(serde::Deserialize)]
+struct PartText {
+    #[serde(rename = "type", default)]
+    kind: Option<serde_json::Value>,
+    #[serde(default)]
+    text: Option<serde_json::Value>,
+    #[serde(default)]
+    refusal: Option<serde_json::Value>,
+}
+
+impl Content {
+    /// The text plugins read: the string, or each part's [`Part::text`].
+    pub fn texts(&self) -> Vec<Cow<'_, str>> {
+        match self {
+            Content::None => Vec::new(),
+            Content::Text(text) => vec![Cow::Borrowed(text.as_str())],
+            Content::Parts(parts) => parts.iter().filter_map(Part::text).collect(),
+        }
+    }
 }
 
 /// One element of `messages`.
@@ -504,9 +554,14 @@ fn write_array(pieces: &[Piece], src: &[u8], out: &mut Vec<u8>) {
     out.push(b']');
 }
 
-/// Whether `text` is one JSON value, checked without building it.
-fn check_json(text: &[u8]) -> Result<(), serde_json::Error> {
-    serde_json::from_slice::<IgnoredAny>(text).map(drop)
+/// Whether `text` is one JSON value with no object naming a member twice,
+/// checked without building it.
+pub fn check_json(text: &[u8]) -> Result<(), serde_json::Error> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(text)?;
+    match unique::first_duplicate(text) {
+        Some(name) => Err(serde::de::Error::custom(duplicate_key(&name))),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -4,14 +4,17 @@
 //! (serde_json's check, then the top level, then the messages), a seventh
 //! of a plugin chain's work on a 2 KB chat.
 //!
-//! The pass only ever accepts what serde_json accepts. Where it is unsure
-//! (anything it refuses, nesting deeper than [`MAX_DEPTH`]), it says `None`
-//! and the caller asks serde_json, which also words the error.
+//! The pass only ever accepts what serde_json accepts, less any object that
+//! names a member twice ([`crate::unique`]). Where it is unsure (anything
+//! it refuses, nesting deeper than [`MAX_DEPTH`]), it says `None` and the
+//! caller asks serde_json, which also words the error.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::ops::Range;
 
 use crate::scan::{Member, decode_string};
+use crate::unique::LINEAR;
 
 /// What one pass found in a JSON object.
 pub(crate) struct Read<'a> {
@@ -34,7 +37,7 @@ pub(crate) fn read(text: &[u8]) -> Option<Read<'_>> {
     // Strings must be UTF-8 and nothing outside them may be other than
     // ASCII: one check of the whole text covers both, and is fast.
     let str = std::str::from_utf8(text).ok()?;
-    let mut cursor = Cursor { text, str, at: 0 };
+    let mut cursor = Cursor { text, str, at: 0, names: Vec::with_capacity(16) };
     cursor.ws();
     let read = cursor.top()?;
     cursor.ws();
@@ -46,6 +49,9 @@ struct Cursor<'a> {
     /// `text`, known to be UTF-8.
     str: &'a str,
     at: usize,
+    /// The names of the objects open at the cursor, to find one given
+    /// twice: one stack for all, so an object costs no allocation.
+    names: Vec<Cow<'a, str>>,
 }
 
 impl<'a> Cursor<'a> {
@@ -55,8 +61,7 @@ impl<'a> Cursor<'a> {
         let mut model = None;
         let mut messages = None;
         let mut named_messages = 0usize;
-        self.object(1, |cursor, key_span| {
-            let key = cursor.name(key_span.clone())?;
+        self.object(1, |cursor, key_span, key| {
             let start = cursor.at;
             if key == crate::MESSAGES {
                 named_messages += 1;
@@ -94,8 +99,7 @@ impl<'a> Cursor<'a> {
             members.clear();
             let object = cursor.peek()? == b'{';
             if object {
-                cursor.object(3, |cursor, key_span| {
-                    let key = cursor.name(key_span.clone())?;
+                cursor.object(3, |cursor, key_span, key| {
                     let value = cursor.at;
                     cursor.value(3)?;
                     members.push(Member { key, key_span, value: value..cursor.at });
@@ -123,7 +127,13 @@ impl<'a> Cursor<'a> {
 
     /// The object at the cursor, each member's value read by `member` (the
     /// cursor at the value, the name's span given).
-    fn object(&mut self, depth: usize, mut member: impl FnMut(&mut Self, Range<usize>) -> Option<()>) -> Option<()> {
+    /// A name given twice makes the pass unsure: serde_json's check
+    /// refuses it, and words the error.
+    fn object(
+        &mut self,
+        depth: usize,
+        mut member: impl FnMut(&mut Self, Range<usize>, Cow<'a, str>) -> Option<()>,
+    ) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -132,16 +142,39 @@ impl<'a> Cursor<'a> {
         if self.eat(b'}') {
             return Some(());
         }
+        // This object's names are on the shared stack from `base` (an
+        // object inside pushes above them and takes its own off), or in a
+        // set once there are many.
+        let base = self.names.len();
+        let mut set: Option<HashSet<Cow<'a, str>>> = None;
         loop {
             let key = self.string()?;
+            let name = self.name(key.clone())?;
+            let fresh = match &mut set {
+                Some(set) => set.insert(name.clone()),
+                None if self.names[base..].contains(&name) => false,
+                None => {
+                    self.names.push(name.clone());
+                    if self.names.len() - base > LINEAR {
+                        set = Some(self.names.drain(base..).collect());
+                    }
+                    true
+                }
+            };
+            if !fresh {
+                return None;
+            }
             self.ws();
             self.expect(b':')?;
             self.ws();
-            member(self, key)?;
+            member(self, key, name)?;
             self.ws();
             match self.next()? {
                 b',' => self.ws(),
-                b'}' => return Some(()),
+                b'}' => {
+                    self.names.truncate(base);
+                    return Some(());
+                }
                 _ => return None,
             }
         }
@@ -172,7 +205,7 @@ impl<'a> Cursor<'a> {
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
             b'"' => self.string().map(drop),
-            b'{' => self.object(depth + 1, |cursor, _| cursor.value(depth + 1)),
+            b'{' => self.object(depth + 1, |cursor, _, _| cursor.value(depth + 1)),
             b'[' => self.array(depth + 1, |cursor| cursor.value(depth + 1)),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),

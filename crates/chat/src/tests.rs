@@ -86,7 +86,8 @@ fn what_is_not_a_chat_request_is_named() {
             r#"{"messages": [{"role": "user", "content": 7}]}"#,
             "messages[0]: `content` must be a string, an array or null",
         ),
-        (r#"{"messages": [], "messages": []}"#, "the request has more than one `messages`"),
+        (r#"{"messages": [], "messages": []}"#, "the body is not JSON: duplicate key \"messages\""),
+        (r#"{"messages": [{"role": "user", "role": "user"}]}"#, "the body is not JSON: duplicate key \"role\""),
     ];
     for (text, error) in cases {
         let mut chat = body(text);
@@ -174,7 +175,11 @@ fn content_is_replaced_in_place() {
 
 #[test]
 fn fields_are_read_set_added_and_removed() {
-    let mut chat = body(r#"{"model": "m", "t": 0.7, "messages": [], "t": 0.1}"#);
+    // A body with a name twice is refused before plugins read it (see
+    // `unique`); the one the gateway validated would not have one, but
+    // the edits' rule for repeated names holds all the same.
+    assert!(body(r#"{"model": "m", "t": 0.7, "messages": [], "t": 0.1}"#).field("t").is_none());
+    let mut chat = ChatBody::validated(Bytes::from_static(br#"{"model": "m", "t": 0.7, "messages": [], "t": 0.1}"#));
     assert_eq!(chat.field("t").as_deref(), Some("0.1"), "the last one, as parsers read it");
     assert_eq!(chat.field("absent"), None);
     chat.set_field("t", Some("1".into())).unwrap();
@@ -372,7 +377,9 @@ fn one_pass_reads_a_body_exactly_as_serde_json_and_the_lazy_passes_do() {
     let (mut both, mut neither) = (0, 0);
     for body in &bodies {
         let shown = String::from_utf8_lossy(body);
-        let serde = serde_json::from_slice::<Value>(body).ok();
+        // Less any body naming a member twice in an object: refused.
+        let serde =
+            serde_json::from_slice::<Value>(body).ok().filter(|_| crate::unique::first_duplicate(body).is_none());
         let routable = serde.as_ref().and_then(|v| Some((v.get("model")?.as_str()?.to_string(), depth(v))));
         let Some((mut chat, model)) = ChatBody::read(Bytes::from(body.clone())) else {
             let shallow = routable.as_ref().is_some_and(|(model, depth)| !model.is_empty() && *depth < 60);
@@ -394,4 +401,53 @@ fn one_pass_reads_a_body_exactly_as_serde_json_and_the_lazy_passes_do() {
     }
     // Both sides were exercised.
     assert!(both > 1_000 && neither > 5_000, "{both} read, {neither} refused by both");
+}
+
+/// A name twice in one object, at any depth and however spelled, leaves
+/// the one pass unsure (the gateway then refuses the body with serde_json's
+/// wording) and is refused by the check of what plugins write.
+#[test]
+fn a_name_given_twice_in_any_object_is_refused() {
+    let wide: String = (0..40).map(|i| format!(r#""k{i}":{i},"#)).collect();
+    for twice in [
+        r#"{"model":"m","model":"m","messages":[]}"#.to_string(),
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#.into(),
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","te\u0078t":"b"}]}]}"#.into(),
+        r#"{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}"#.into(),
+        r#"{"model":"m","messages":[],"x":[{"a":{"b":1,"b":1}}]}"#.into(),
+        format!(r#"{{{wide}"model":"m","messages":[],"k7":1}}"#),
+    ] {
+        assert!(ChatBody::read(Bytes::from(twice.clone())).is_none(), "{twice}");
+        let error = check_json(twice.as_bytes()).unwrap_err().to_string();
+        assert!(error.starts_with(crate::DUPLICATE_KEY), "{twice}: {error}");
+    }
+    // The same name in sibling or nested objects is fine, and so is an
+    // object past the size where a set takes over.
+    for fine in [
+        r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#.to_string(),
+        r#"{"model":"m","messages":[],"o":{"model":{"model":1}}}"#.into(),
+        format!(r#"{{{wide}"model":"m","messages":[]}}"#),
+    ] {
+        assert!(ChatBody::read(Bytes::from(fine.clone())).is_some(), "{fine}");
+        check_json(fine.as_bytes()).unwrap();
+    }
+    // What a plugin writes is held to the same rule.
+    let mut chat = body(r#"{"model":"m","messages":[]}"#);
+    assert!(chat.set_field("metadata", Some(r#"{"a":1,"a":2}"#.into())).unwrap_err().contains("duplicate key"));
+    let message = Message { extra: r#"{"name":"a","name":"b"}"#.into(), ..Message::text("user", "x") };
+    assert!(chat.splice_messages(0, 0, vec![message]).unwrap_err().contains("duplicate key"));
+}
+
+/// The text plugins read from each kind of part (the SDK's rule).
+#[test]
+fn a_parts_text_is_its_text_or_a_refusals_refusal() {
+    let part = |json: &str| Part::Other(json.into());
+    assert_eq!(Part::Text("a".into()).text().as_deref(), Some("a"));
+    assert_eq!(part(r#"{"type":"text","text":"a","cache_control":{}}"#).text().as_deref(), Some("a"));
+    assert_eq!(part(r#"{"type":"refusal","refusal":"no","text":"decoy"}"#).text().as_deref(), Some("no"));
+    assert_eq!(part(r#"{"type":"input_text","text":"i"}"#).text().as_deref(), Some("i"));
+    assert_eq!(part(r#"{"type":"image_url","image_url":{"url":"u"}}"#).text(), None);
+    assert_eq!(part(r#"{"type":"text","text":5}"#).text(), None);
+    let content = Content::Parts(vec![Part::Text("a".into()), part(r#"{"type":"refusal","refusal":"b"}"#)]);
+    assert_eq!(content.texts(), ["a", "b"]);
 }

@@ -1,7 +1,8 @@
 //! Fuzz targets for the parsers Sluice runs on untrusted input: request and
 //! response JSON, server-sent events from upstreams, OCI manifests and
 //! image layers from registries, the YAML config, and plugins' header
-//! edits.
+//! edits; and a differential one, what plugins see of a request against
+//! what is sent upstream.
 //!
 //! Each module has an input type that bolero generates (mostly-valid
 //! structure, so random inputs get past the first syntax check, plus raw
@@ -11,6 +12,7 @@
 //! for a second on random inputs; `cargo xtask fuzz` runs them long,
 //! coverage-guided where it can.
 
+pub mod content;
 pub mod headers;
 pub mod json;
 pub mod oci;

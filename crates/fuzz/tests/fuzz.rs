@@ -7,11 +7,16 @@
 //! as plain tests.
 
 use bolero::check;
-use sluice_fuzz::{headers, json, oci, sse, yaml};
+use sluice_fuzz::{content, headers, json, oci, sse, yaml};
 
 #[test]
 fn request_json() {
     check!().with_type::<json::Request>().for_each(json::check_request);
+}
+
+#[test]
+fn plugin_view_is_what_is_sent() {
+    check!().with_type::<content::Chat>().for_each(content::check);
 }
 
 #[test]

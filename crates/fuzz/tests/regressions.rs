@@ -3,7 +3,7 @@
 //! whose tests `cargo xtask fuzz` takes to be its targets.
 
 use sluice_fuzz::headers::{self, Edits, Name, Value};
-use sluice_fuzz::{sse, yaml};
+use sluice_fuzz::{content, sse, yaml};
 
 fn name(s: &str) -> Name {
     Name::Other(s.into())
@@ -123,5 +123,35 @@ fn the_rewrite_keeps_numbers_as_written() {
         let rewritten = sluice_gateway::fuzzing::rewrite_model(&body, "backend-model").expect("rewritten");
         let text = String::from_utf8_lossy(&rewritten);
         assert!(text.contains(number), "{text}");
+    }
+}
+
+/// The bodies plugin_view_is_what_is_sent starts from, and the two ways
+/// plugins and upstreams read content differently (issue 41, item 10): a
+/// duplicated `text` (the SDK's strict parse read no text, an upstream the
+/// last value) and a `refusal` part (sent to Anthropic as text, unseen by
+/// the SDK's text view). Each runs the target's check: the first is now
+/// refused before routing, the second before the translation sends it.
+#[test]
+fn what_plugins_see_is_what_is_sent() {
+    for body in [
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"ok","text":"deny me"}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"ok","te\u0078t":"deny me"}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"ok","content":"deny me"}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"refusal","refusal":"deny me"}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"assistant","content":[{"type":"refusal","refusal":"no","text":"x"}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{}}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"s"}]},{"role":"user","content":"u"},{"role":"tool","tool_call_id":"t","content":[{"type":"text","text":"r"}]}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"i"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}"#,
+    ] {
+        content::check_body(body.as_bytes());
+    }
+    // The duplicates never reach a reader at all.
+    for body in [
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"ok","text":"deny me"}]}]}"#,
+        r#"{"model":"m","messages":[],"x":{"a":1,"\u0061":2}}"#,
+    ] {
+        let refused = sluice_gateway::fuzzing::requested_model(body.as_bytes());
+        assert_eq!(refused, Err((400, "duplicate_key")), "{body}");
     }
 }

@@ -1,7 +1,9 @@
-//! Reading one member out of a JSON document without building a tree of it.
+//! Reading one member out of a JSON document without building a tree of it,
+//! refusing any object that names a member twice (`sluice_chat::check_members`).
 
 /// Any JSON value, checked as `serde_json::Value` checks it (every string
-/// decoded, every number in range) but not kept; with `KEEP`, a string is.
+/// decoded, every number in range) and with no name twice in an object,
+/// but not kept; with `KEEP`, a string is.
 pub(crate) struct Checked<const KEEP: bool>(pub Option<String>);
 
 impl<'de, const KEEP: bool> serde::Deserialize<'de> for Checked<KEEP> {
@@ -38,7 +40,7 @@ impl<'de, const KEEP: bool> serde::Deserialize<'de> for Checked<KEEP> {
                 Ok(Checked(None))
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked<KEEP>, A::Error> {
-                while map.next_entry::<Checked<false>, Checked<false>>()?.is_some() {}
+                sluice_chat::check_members(&mut map, |map, _| map.next_value::<Checked<false>>().map(drop))?;
                 Ok(Checked(None))
             }
         }

@@ -387,14 +387,23 @@ pub(crate) fn model_by_serde(body: &[u8]) -> Result<String, ApiError> {
     // the client's error, not a 500 later (found by fuzzing). Checked by
     // serde_json exactly as a `Value` parse would check it, without building
     // one: on a 100 KB body that tree was most of the proxy's work.
-    let routed: Routed = serde_json::from_slice(body).map_err(ApiError::invalid_json)?;
+    let routed: Routed = serde_json::from_slice(body).map_err(|error| {
+        // A name twice in one object is JSON, but readers disagree on which
+        // value counts (a plugin could check one, the upstream read the
+        // other): refused as such, before routing.
+        if error.is_data() && error.to_string().starts_with(sluice_chat::DUPLICATE_KEY) {
+            ApiError::invalid_request("duplicate_key", format!("request body is refused: {error}"))
+        } else {
+            ApiError::invalid_json(error)
+        }
+    })?;
     match routed.model {
         Some(model) if !model.is_empty() => Ok(model),
         _ => Err(ApiError::invalid_request("missing_model", "the request body needs a `model` string")),
     }
 }
 
-/// A JSON object's last `model` member, if it is a string.
+/// A JSON object's `model` member, if it is a string.
 struct Routed {
     model: Option<String>,
 }
@@ -409,13 +418,14 @@ impl<'de> serde::Deserialize<'de> for Routed {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Routed, A::Error> {
                 let mut model = None;
-                while let Some(key) = map.next_key::<Checked<true>>()? {
-                    if key.0.as_deref() == Some("model") {
+                sluice_chat::check_members(&mut map, |map, name| {
+                    if name == "model" {
                         model = map.next_value::<Checked<true>>()?.0;
                     } else {
                         map.next_value::<Checked<false>>()?;
                     }
-                }
+                    Ok(())
+                })?;
                 Ok(Routed { model })
             }
         }
@@ -542,9 +552,28 @@ mod tests {
             assert_eq!(error.status, 400, "{body}");
             assert!(serde_json::from_str::<serde_json::Value>(body).is_err() || body.starts_with('['), "{body}");
         }
-        // The last `model` counts, as it does in a parsed object.
-        assert_eq!(model_of(br#"{"model":"a","model":"b"}"#).unwrap(), "b");
-        assert!(model_of(br#"{"model":"a","model":7}"#).is_err());
+        // A name twice in one object, at any depth and however spelled, is
+        // refused: readers disagree on which value counts.
+        for body in [
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"a","model":7}"#,
+            r#"{"model":"a","mod\u0065l":"a"}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#,
+            r#"{"model":"m","x":[[{"y":{"z":1,"z":1}}]]}"#,
+        ] {
+            let error = model_of(body.as_bytes()).expect_err(body);
+            assert_eq!((error.status, error.code), (400, "duplicate_key"), "{body}");
+            assert!(error.message.contains("duplicate key"), "{}", error.message);
+        }
+        // Past the one pass's depth, serde_json's check refuses it too.
+        let deep = format!(r#"{{"model":"m","x":{}{{"a":1,"a":2}}{}}}"#, "[".repeat(70), "]".repeat(70));
+        assert_eq!(model_of(deep.as_bytes()).unwrap_err().code, "duplicate_key");
+        // The same name in different objects is no duplicate; nor is a
+        // name past the point where a set takes over.
+        let wide: String = (0..40).map(|i| format!(r#""k{i}":{i},"#)).collect();
+        assert_eq!(model_of(format!(r#"{{{wide}"model":"m","o":{{"model":1}}}}"#).as_bytes()).unwrap(), "m");
+        let error = model_of(format!(r#"{{{wide}"model":"m","k39":0}}"#).as_bytes()).unwrap_err();
+        assert_eq!(error.code, "duplicate_key");
         assert_eq!(model_of(br#"{"m\u006fdel":"\u00e9"}"#).unwrap(), "é");
         let body = Bytes::from_static(br#"{"model":"m","temperature":0.5,"seed":18446744073709551615}"#);
         assert_eq!(model_of(&body).unwrap(), "m");

@@ -130,19 +130,41 @@ impl Content {
     }
 }
 
-/// A part's `text` member, where the host gives the part as JSON.
+/// A part's members that carry text, where the host gives the part as JSON.
 #[derive(Deserialize)]
 struct PartText {
-    text: String,
+    #[serde(rename = "type", default)]
+    kind: Option<Value>,
+    #[serde(default)]
+    text: Option<Value>,
+    #[serde(default)]
+    refusal: Option<Value>,
+}
+
+/// The member a part's text is in: a `refusal` part's `refusal` (an
+/// upstream reads it as what the assistant said), any other's `text`.
+fn text_member(members: &Map<String, Value>) -> &'static str {
+    if members.get("type").and_then(Value::as_str) == Some("refusal") { "refusal" } else { "text" }
 }
 
 impl ContentPart {
-    /// Its text: a text part's, or the string `text` member of any other
-    /// part (a text part with more members, `input_text`, ...).
+    /// Its text: a text part's, a `refusal` part's `refusal`, or the string
+    /// `text` member of any other part (a text part with more members,
+    /// `input_text`, ...). The gateway's `sluice_chat::Part::text` is the
+    /// same rule: its fuzz target checks that upstreams are sent no text
+    /// besides.
     pub fn text(&self) -> Option<Cow<'_, str>> {
         match self {
             ContentPart::Text(text) => Some(Cow::Borrowed(text)),
-            ContentPart::Other(json) => serde_json::from_str::<PartText>(json).ok().map(|part| Cow::Owned(part.text)),
+            ContentPart::Other(json) => {
+                let part = serde_json::from_str::<PartText>(json).ok()?;
+                let member =
+                    if part.kind.as_ref().and_then(Value::as_str) == Some("refusal") { part.refusal } else { part.text };
+                match member? {
+                    Value::String(text) => Some(Cow::Owned(text)),
+                    _ => None,
+                }
+            }
         }
     }
 
@@ -154,10 +176,11 @@ impl ContentPart {
                 let Ok(mut members) = serde_json::from_str::<Map<String, Value>>(json) else {
                     return false;
                 };
-                if !members.get("text").is_some_and(Value::is_string) {
+                let member = text_member(&members);
+                if !members.get(member).is_some_and(Value::is_string) {
                     return false;
                 }
-                members.insert("text".into(), Value::String(text));
+                members.insert(member.into(), Value::String(text));
                 *json = Value::Object(members).to_string();
             }
         }
@@ -287,6 +310,31 @@ mod tests {
         assert!(text.set_text(0, "u".into()) && !text.set_text(1, "v".into()));
         assert_eq!(text.text(), "u");
         assert!(Content::None.texts().is_empty());
+    }
+
+    #[test]
+    fn a_refusal_parts_text_is_read_and_edited_as_any_other() {
+        // Upstreams read it as text (OpenAI's as the assistant's words,
+        // some OpenAI-compatible servers in any role): a guard must see it.
+        let mut content = Content::Parts(vec![
+            ContentPart::Other(r#"{"type":"refusal","refusal":"no","text":"decoy"}"#.into()),
+            ContentPart::Other(r#"{"type":"image_url","image_url":{"url":"u"},"text":"t"}"#.into()),
+        ]);
+        assert_eq!(content.texts(), ["no", "t"]);
+        assert!(content.set_text(0, "NO".into()));
+        assert_eq!(content.texts(), ["NO", "t"]);
+        // The SDK's rule is the gateway's.
+        for part in [
+            r#"{"type":"refusal","refusal":"a","text":"b"}"#,
+            r#"{"type":"refusal","text":"b"}"#,
+            r#"{"type":"text","text":"a","x":1}"#,
+            r#"{"type":5,"text":"a"}"#,
+            r#"{"text":["a"]}"#,
+        ] {
+            let ours = ContentPart::Other(part.into());
+            let gateway = sluice_chat::Part::Other(part.into());
+            assert_eq!(ours.text(), gateway.text(), "{part}");
+        }
     }
 
     #[test]

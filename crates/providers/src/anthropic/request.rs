@@ -278,6 +278,11 @@ fn messages(openai: Vec<OpenAiMessage>) -> Result<(Vec<String>, Vec<Message>), T
 
 /// A message's `content` (a string, or text and, where `images`, image
 /// parts) as blocks. Empty text is left out: Anthropic refuses it.
+///
+/// Text is sent only from where policy plugins read it: a string content,
+/// or a `text` part's `text`. Any other part that carries text (a
+/// `refusal`'s `refusal`, ...) is refused like any unknown part: sent as
+/// text, it would reach the model unseen by a prompt guard.
 fn blocks(content: Option<Value>, images: bool, i: usize) -> Result<Vec<Block>, TranslateError> {
     let parts = match content {
         None | Some(Value::Null) => return Ok(Vec::new()),
@@ -293,8 +298,6 @@ fn blocks(content: Option<Value>, images: bool, i: usize) -> Result<Vec<Block>, 
         };
         match part.get("type").and_then(Value::as_str) {
             Some("text") => blocks.extend(text_block(string("text")?.to_owned())),
-            // An assistant's refusal, given back as what it said.
-            Some("refusal") => blocks.extend(text_block(string("refusal")?.to_owned())),
             Some("image_url") if images => {
                 let url = part
                     .get("image_url")

@@ -221,7 +221,7 @@ fn turns_with_the_same_role_merge_and_system_text_joins() {
             {"role": "user", "content": [{"type": "text", "text": "b"}, {"type": "text", "text": ""}]},
             {"role": "assistant", "content": ""},
             {"role": "user", "content": "c"},
-            {"role": "assistant", "content": [{"type": "text", "text": "d"}, {"type": "refusal", "refusal": "No."}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "d"}, {"type": "text", "text": "No."}]},
             {"role": "assistant", "content": "e", "tool_calls": [{"id": "t", "type": "function", "function": {"name": "f", "arguments": ""}}]}
         ]
     });
@@ -331,6 +331,24 @@ fn requests_anthropic_cannot_take_are_refused() {
             "\"input_audio\"",
         ),
         (r#"{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}"#, "content[0].type"),
+        // Text from anywhere but a `text` part's `text` would reach the
+        // model unseen by policy plugins, which read only that.
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"refusal","refusal":"x"}]}]}"#,
+            "content[0]: content part type \"refusal\"",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"assistant","content":[{"type":"refusal","refusal":"x"}]}]}"#,
+            "\"refusal\"",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"tool","tool_call_id":"t","content":[{"type":"refusal","refusal":"x"}]}]}"#,
+            "\"refusal\"",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"x"}]}]}"#,
+            "\"input_text\"",
+        ),
         (
             r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":3}]}]}"#,
             "content[0].text must be a string",
