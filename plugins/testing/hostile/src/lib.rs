@@ -5,6 +5,8 @@
 //!   monotonic-clock subscribe + poll, what `std::thread::sleep` does);
 //! - config `responseHooks: true` also declares `response-head`, so an
 //!   instance is held until the response is over;
+//! - config `requestHook: false` declares no request hook (a module an
+//!   Auth-phase plugin must not be);
 //! - request header `x-hostile` picks an attack in the request hook:
 //!   `sleep` sleeps for 30 s; `forge` logs a message and fields with
 //!   newlines and escape sequences in them; `flood` logs 10 000 lines;
@@ -36,6 +38,14 @@ struct Config {
     sleep_in_configure_ms: Option<u64>,
     #[serde(default)]
     response_hooks: bool,
+    /// `false` declares no request hook: a module the gateway must refuse
+    /// in the Auth phase.
+    #[serde(default = "yes")]
+    request_hook: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 struct Hostile;
@@ -46,7 +56,7 @@ impl Guest for Hostile {
         if let Some(ms) = config.sleep_in_configure_ms {
             std::thread::sleep(Duration::from_millis(ms));
         }
-        let mut hooks = Hooks::REQUEST;
+        let mut hooks = if config.request_hook { Hooks::REQUEST } else { Hooks::empty() };
         if config.response_hooks {
             hooks |= Hooks::RESPONSE_HEAD;
         }
