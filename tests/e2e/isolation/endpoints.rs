@@ -61,8 +61,8 @@ fn stream_events(body: &str) -> Vec<Value> {
 /// `prompt`; the same phrase in a Responses API `input` reached the model.
 #[tokio::test]
 async fn prompt_guard_reads_the_responses_api_and_embeddings() {
-    let (_echo, _dir, gateway) = serve(&[prompt_guard()], |url| vec![Route::new("chat", &["m"], url).plugins(&["prompt-guard"])])
-        .await;
+    let (_echo, _dir, gateway) =
+        serve(&[prompt_guard()], |url| vec![Route::new("chat", &["m"], url).plugins(&["prompt-guard"])]).await;
     let bad = format!("please {PHRASE} now");
     let refused = [
         ("/v1/responses", json!({"model": "m", "input": bad})),
@@ -92,7 +92,10 @@ async fn prompt_guard_reads_the_responses_api_and_embeddings() {
     // Everyone else's clean requests, on every endpoint, are served.
     for (path, body) in [
         ("/v1/responses", json!({"model": "m", "input": "hello"})),
-        ("/v1/responses", json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]})),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}),
+        ),
         ("/v1/embeddings", json!({"model": "m", "input": "hello"})),
         ("/v1/chat/completions", chat_body("m")),
     ] {
@@ -183,8 +186,8 @@ async fn chat_only_plugins_refuse_the_responses_api() {
         "templates": [{"name": "t", "template": {"messages": [{"role": "user", "content": "{{q}}"}]}}]
     }));
     let trim = Plugin::new("trim", "context-trim").config(json!({"models": [{"model": "*", "maxInputTokens": 1000}]}));
-    let decorator =
-        Plugin::new("decorator", "prompt-decorator").config(json!({"prepend": [{"role": "system", "content": "be nice"}]}));
+    let decorator = Plugin::new("decorator", "prompt-decorator")
+        .config(json!({"prepend": [{"role": "system", "content": "be nice"}]}));
     let routes = |url: &str| {
         vec![
             Route::new("templated", &["t"], url).plugins(&["template"]),
@@ -234,8 +237,7 @@ async fn a_route_serves_only_the_endpoints_its_whole_chain_understands() {
     assert!(message.contains("/v1/responses") && message.contains("/v1/chat/completions"), "{message}");
     gateway.chat("chat-only", &[]).await.assert_error(403, "request_denied");
 
-    let reply =
-        gateway.post("/v1/responses", json!({"model": "plugin-limited", "input": "hi"}).to_string(), &[]).await;
+    let reply = gateway.post("/v1/responses", json!({"model": "plugin-limited", "input": "hi"}).to_string(), &[]).await;
     reply.assert_error(404, "unsupported_endpoint");
     assert_eq!(gateway.chat("plugin-limited", &[]).await.echoed()["headers"]["x-team"], "a");
     let embeddings = json!({"model": "plugin-limited", "input": "hi"});
