@@ -58,6 +58,7 @@ pub struct Plugin {
     sha256: Option<String>,
     reused: Option<u32>,
     auth_phase: bool,
+    endpoints: Option<Vec<String>>,
 }
 
 impl Plugin {
@@ -73,6 +74,7 @@ impl Plugin {
             sha256: None,
             reused: None,
             auth_phase: false,
+            endpoints: None,
         }
     }
 
@@ -131,6 +133,12 @@ impl Plugin {
         self
     }
 
+    /// `endpoints`: the forwarded endpoints the plugin understands.
+    pub fn endpoints(mut self, paths: &[&str]) -> Plugin {
+        self.endpoints = Some(paths.iter().map(|p| p.to_string()).collect());
+        self
+    }
+
     /// `isolation: Reused`, keeping at most `max_idle` idle instances.
     pub fn reused(mut self, max_idle: u32) -> Plugin {
         self.reused = Some(max_idle);
@@ -168,6 +176,9 @@ impl Plugin {
         if let Some(max_idle) = self.reused {
             spec += &format!("  isolation: Reused\n  maxReusedInstances: {max_idle}\n");
         }
+        if let Some(endpoints) = &self.endpoints {
+            spec += &format!("  endpoints: {}\n", Value::from(endpoints.clone()));
+        }
         document("GatewayPlugin", &self.name, &spec)
     }
 }
@@ -180,6 +191,7 @@ pub struct Route {
     backends: Vec<Backend>,
     plugins: Vec<String>,
     timeout_ms: Option<u64>,
+    endpoints: Option<Vec<String>>,
 }
 
 /// One of a route's upstreams.
@@ -216,6 +228,7 @@ impl Route {
             backends: vec![Backend::new(url)],
             plugins: Vec::new(),
             timeout_ms: None,
+            endpoints: None,
         }
     }
 
@@ -233,6 +246,12 @@ impl Route {
 
     pub fn timeout_ms(mut self, ms: u64) -> Route {
         self.timeout_ms = Some(ms);
+        self
+    }
+
+    /// `endpoints`: the forwarded endpoints the route serves.
+    pub fn endpoints(mut self, paths: &[&str]) -> Route {
+        self.endpoints = Some(paths.iter().map(|p| p.to_string()).collect());
         self
     }
 
@@ -255,6 +274,9 @@ impl Route {
         }
         if let Some(ms) = self.timeout_ms {
             spec += &format!("  timeoutMs: {ms}\n");
+        }
+        if let Some(endpoints) = &self.endpoints {
+            spec += &format!("  endpoints: {}\n", Value::from(endpoints.clone()));
         }
         document("AIModelRoute", &self.name, &spec)
     }

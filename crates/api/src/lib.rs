@@ -12,7 +12,8 @@ pub use plugin::{
 };
 pub use route::{
     AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, BackendTimeoutsSpec, BackendTlsSpec, BackoffSpec,
-    ConditionSpec, FallbackSpec, OutlierDetectionSpec, PluginRefSpec, ProviderSpec, RetryBudgetSpec, RetrySpec,
+    ConditionSpec, EndpointSpec, FallbackSpec, OutlierDetectionSpec, PluginRefSpec, ProviderSpec, RetryBudgetSpec,
+    RetrySpec,
 };
 
 use kube::CustomResourceExt;

@@ -84,6 +84,14 @@ pub struct GatewayPluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub max_reused_instances: Option<u32>,
+    /// The endpoints whose requests this plugin understands (default: every
+    /// forwarded one). A plugin that reads or edits content declares the
+    /// endpoints whose shape it reads, e.g. `[/v1/chat/completions]`; a
+    /// route using it then serves only those. Plugins that do not read the
+    /// body (auth, headers) understand every endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub endpoints: Option<Vec<crate::route::EndpointSpec>>,
 }
 
 /// A Secret value set into the plugin config.
@@ -277,6 +285,7 @@ impl GatewayPlugin {
             max_memory_bytes: spec.max_memory_mi_b.unwrap_or(PluginDecl::DEFAULT_MAX_MEMORY_MIB).max(1) as usize
                 * 1024
                 * 1024,
+            endpoints: crate::route::endpoints(spec.endpoints.as_deref()).map_err(|e| format!("spec.{e}"))?,
             isolation: match spec.isolation {
                 IsolationSpec::PerRequest => Isolation::PerRequest,
                 IsolationSpec::Reused => Isolation::Reused {

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sluice_core::{
     ApiKeySource, BackendDecl, BackendTimeouts, BackendTls, Condition, Conditions, Fallback, OutlierPolicy, Pem,
-    Provider, ResourceKey, RetryPolicy, RouteDecl,
+    Provider, ResourceKey, RetryPolicy, RouteDecl, config::Endpoints,
 };
 
 use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
@@ -70,6 +70,45 @@ pub struct AIModelRouteSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub fallbacks: Vec<FallbackSpec>,
+    /// The endpoints this route serves (default: every forwarded one). It
+    /// serves only those its every plugin understands too (a plugin's
+    /// `endpoints`); a request to any other is answered 404
+    /// `unsupported_endpoint` before a plugin runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub endpoints: Option<Vec<EndpointSpec>>,
+}
+
+/// A forwarded OpenAI endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum EndpointSpec {
+    #[serde(rename = "/v1/chat/completions")]
+    ChatCompletions,
+    #[serde(rename = "/v1/completions")]
+    Completions,
+    #[serde(rename = "/v1/embeddings")]
+    Embeddings,
+    #[serde(rename = "/v1/responses")]
+    Responses,
+}
+
+impl EndpointSpec {
+    pub fn path(self) -> &'static str {
+        match self {
+            EndpointSpec::ChatCompletions => "/v1/chat/completions",
+            EndpointSpec::Completions => "/v1/completions",
+            EndpointSpec::Embeddings => "/v1/embeddings",
+            EndpointSpec::Responses => "/v1/responses",
+        }
+    }
+}
+
+/// The domain's set of `endpoints`, every forwarded one if absent.
+pub(crate) fn endpoints(list: Option<&[EndpointSpec]>) -> Result<Endpoints, String> {
+    match list {
+        None => Ok(Endpoints::ALL),
+        Some(list) => Endpoints::parse(&list.iter().map(|e| e.path()).collect::<Vec<_>>()),
+    }
 }
 
 /// A failure a retry or fallback policy can name.
@@ -365,6 +404,7 @@ impl AIModelRoute {
         route.backends = backends;
         route.plugins =
             spec.plugins.iter().map(|p| ResourceKey::new(route.key.namespace.clone(), p.name.clone())).collect();
+        route.endpoints = endpoints(spec.endpoints.as_deref()).map_err(|e| format!("spec.{e}"))?;
         route.timeout =
             spec.timeout_ms.map(|ms| Duration::from_millis(ms.max(1))).unwrap_or(RouteDecl::DEFAULT_TIMEOUT);
         if let Some(retry) = &spec.retry {

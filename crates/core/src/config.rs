@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::error::{ApiError, ErrorType};
 use crate::routing::{BackendTimeouts, BackendTls, Fallback, OutlierPolicy, Provider, RetryPolicy};
 
 /// `namespace/name` of a resource.
@@ -149,6 +150,92 @@ pub enum Phase {
     Filter,
 }
 
+/// A set of the forwarded OpenAI endpoints: those a route serves, or a
+/// plugin understands. A content policy that does not read an endpoint's
+/// shape would pass its requests untouched, so a route serves only the
+/// endpoints its whole chain understands.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Endpoints(u8);
+
+impl Endpoints {
+    /// The endpoints that carry a `model` and are forwarded, in the order
+    /// lists show them.
+    pub const FORWARDED: [&'static str; 4] =
+        ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
+
+    /// Every forwarded endpoint: the default for routes and plugins.
+    pub const ALL: Endpoints = Endpoints((1 << Self::FORWARDED.len()) - 1);
+
+    /// The set of `paths`, each one of [`Self::FORWARDED`]; an unknown path
+    /// or an empty list is an error (a route or plugin with no endpoint
+    /// would serve nothing).
+    pub fn parse<S: AsRef<str>>(paths: &[S]) -> Result<Endpoints, String> {
+        if paths.is_empty() {
+            return Err("`endpoints` is empty: nothing would be served".into());
+        }
+        let mut set = 0;
+        for path in paths {
+            let path = path.as_ref();
+            let bit = Self::bit(path).ok_or_else(|| {
+                format!("unknown endpoint `{path}` in `endpoints` (expected some of {:?})", Self::FORWARDED)
+            })?;
+            set |= bit;
+        }
+        Ok(Endpoints(set))
+    }
+
+    fn bit(path: &str) -> Option<u8> {
+        Self::FORWARDED.iter().position(|p| *p == path).map(|i| 1 << i)
+    }
+
+    /// Whether `path` (without its query) is in the set.
+    pub fn contains(self, path: &str) -> bool {
+        Self::bit(path).is_some_and(|bit| self.0 & bit != 0)
+    }
+
+    pub fn intersection(self, other: Endpoints) -> Endpoints {
+        Endpoints(self.0 & other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn paths(self) -> impl Iterator<Item = &'static str> {
+        Self::FORWARDED.into_iter().enumerate().filter(move |(i, _)| self.0 & (1 << i) != 0).map(|(_, p)| p)
+    }
+
+    /// The answer to a request for `path`, which the route serving `model`
+    /// does not serve: a 404 naming the endpoints it does.
+    pub fn refusal(self, path: &str, model: &str) -> ApiError {
+        let served: Vec<&str> = self.paths().collect();
+        ApiError::new(
+            404,
+            ErrorType::InvalidRequestError,
+            "unsupported_endpoint",
+            format!("the route serving model `{model}` does not serve {path}; it serves {}", served.join(", ")),
+        )
+    }
+}
+
+impl Default for Endpoints {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.paths()).finish()
+    }
+}
+
+impl Serialize for Endpoints {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.paths())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct PluginDecl {
     pub key: ResourceKey,
@@ -162,6 +249,10 @@ pub struct PluginDecl {
     pub timeout: Duration,
     pub max_memory_bytes: usize,
     pub isolation: Isolation,
+    /// The endpoints whose requests the plugin understands (all, unless
+    /// declared: a plugin that does not read content, like auth or
+    /// add-header, understands every endpoint).
+    pub endpoints: Endpoints,
 }
 
 impl PluginDecl {
@@ -226,6 +317,9 @@ pub struct RouteDecl {
     pub retry: RetryPolicy,
     pub outlier: OutlierPolicy,
     pub fallbacks: Vec<Fallback>,
+    /// The endpoints the route serves, at most: it serves those its every
+    /// plugin understands too.
+    pub endpoints: Endpoints,
 }
 
 impl RouteDecl {
@@ -242,6 +336,7 @@ impl RouteDecl {
             retry: RetryPolicy::default(),
             outlier: OutlierPolicy::default(),
             fallbacks: vec![],
+            endpoints: Endpoints::ALL,
         }
     }
 }
@@ -331,6 +426,24 @@ mod tests {
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].resource, "AIModelRoute default/b");
         assert!(conflicts[0].message.contains("default/a"));
+    }
+
+    #[test]
+    fn endpoints_parse_intersect_and_refuse_by_name() {
+        let chat = Endpoints::parse(&["/v1/chat/completions"]).unwrap();
+        let two = Endpoints::parse(&["/v1/responses", "/v1/chat/completions", "/v1/responses"]).unwrap();
+        assert_eq!(format!("{two:?}"), r#"["/v1/chat/completions", "/v1/responses"]"#);
+        assert_eq!(two.intersection(chat), chat);
+        assert!(chat.contains("/v1/chat/completions") && !chat.contains("/v1/responses"));
+        assert!(!Endpoints::ALL.contains("/v1/models"));
+        assert_eq!(Endpoints::ALL.paths().count(), Endpoints::FORWARDED.len());
+        assert!(chat.intersection(Endpoints::parse(&["/v1/embeddings"]).unwrap()).is_empty());
+        assert!(Endpoints::parse::<&str>(&[]).unwrap_err().contains("empty"));
+        assert!(Endpoints::parse(&["/v1/models"]).unwrap_err().contains("unknown endpoint `/v1/models`"));
+        let error = chat.refusal("/v1/responses", "m");
+        assert_eq!((error.status, error.code), (404, "unsupported_endpoint"));
+        assert!(error.message.contains("/v1/responses") && error.message.ends_with("/v1/chat/completions"));
+        assert_eq!(serde_json::to_value(two).unwrap(), serde_json::json!(["/v1/chat/completions", "/v1/responses"]));
     }
 
     #[test]

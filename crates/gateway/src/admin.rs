@@ -116,6 +116,8 @@ struct RouteView {
     backends: Vec<BackendView>,
     plugins: Vec<String>,
     fallbacks: Vec<String>,
+    /// Those its declaration and every plugin of its chain name.
+    endpoints: sluice_core::config::Endpoints,
 }
 
 #[derive(Serialize)]
@@ -153,6 +155,7 @@ struct PluginView {
     max_memory_mi_b: usize,
     /// `snapshot`, `configure-until-snapshot` or `configure`.
     instances_start_from: &'static str,
+    endpoints: sluice_core::config::Endpoints,
 }
 
 impl SnapshotView {
@@ -182,6 +185,7 @@ impl SnapshotView {
                     timeout_ms: p.decl.timeout.as_millis(),
                     max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
                     instances_start_from: p.configured.instances_start_from().as_str(),
+                    endpoints: p.decl.endpoints,
                 }
             })
             .collect();
@@ -213,6 +217,7 @@ impl SnapshotView {
                     .collect(),
                 plugins: r.chain.iter().map(|p| p.decl.key.to_string()).collect(),
                 fallbacks: r.decl.fallbacks.iter().map(|f| f.model.clone()).collect(),
+                endpoints: r.endpoints,
             })
             .collect();
         SnapshotView { generation: snapshot.generation, routes, plugins }

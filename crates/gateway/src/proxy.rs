@@ -217,6 +217,9 @@ async fn proxy(
 ) -> Result<http::Response<Body>, ApiError> {
     record.operation = operation_of(request.uri().path());
     refuse_loops(gateway, request.headers())?;
+    // One of FORWARDED (`serve` sends only those here), kept for the check
+    // of each route's endpoints.
+    let endpoint = FORWARDED.iter().copied().find(|p| *p == request.uri().path()).unwrap_or_default();
     let (parts, body) = request.into_parts();
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
@@ -232,6 +235,11 @@ async fn proxy(
     let Some((mut route, mut model_label)) = snapshot.routed(&model) else {
         return Ok(unknown_model(&model));
     };
+    // Before any plugin runs: a route serves only the endpoints its whole
+    // chain understands, or a content policy would be stepped around.
+    if !route.endpoints.contains(endpoint) {
+        return Err(route.endpoints.refusal(endpoint, &model));
+    }
     // The client's request is kept for a fallback only if there may be one.
     let mut client_request = Some(client_request);
     let mut hops = 0;
@@ -254,7 +262,7 @@ async fn proxy(
                 // `context_length_exceeded`) moves the request too.
                 let refused = response.extensions().get::<Refusal>().map(|r| r.0);
                 if let Some(condition) = refused
-                    && let Some((next, label, to)) = fallback(snapshot, route, condition, hops)
+                    && let Some((next, label, to)) = fallback(snapshot, route, condition, hops, endpoint)
                 {
                     (route, model_label, model) = (next, label, to);
                     hops += 1;
@@ -269,7 +277,7 @@ async fn proxy(
         }
         let forwarded = forward(gateway, route, &mut outgoing, record).await;
         if let Some(condition) = forwarded.failure
-            && let Some((next, label, to)) = fallback(snapshot, route, condition, hops)
+            && let Some((next, label, to)) = fallback(snapshot, route, condition, hops, endpoint)
         {
             tracing::info!(route = %route.label, fallback = %to, condition = condition.name(), request_id = &*record.id, "falling back");
             (route, model_label, model) = (next, label, to);
@@ -289,12 +297,13 @@ async fn proxy(
 /// Where a request that failed on `route` in the way `condition` goes
 /// next, if the route names a fallback for it: a model served by a route
 /// in the same namespace (another tenant's backends and keys are not
-/// this route's to use).
+/// this route's to use), and that serves the request's endpoint.
 fn fallback<'s>(
     snapshot: &'s Snapshot,
     route: &Route,
     condition: Condition,
     hops: usize,
+    endpoint: &str,
 ) -> Option<(&'s Arc<Route>, &'s Label, String)> {
     if hops >= Fallback::MAX_HOPS {
         return None;
@@ -303,6 +312,10 @@ fn fallback<'s>(
         let (next, label) = snapshot.routed(&f.model)?;
         if next.decl.key.namespace != route.decl.key.namespace {
             tracing::warn!(route = %route.label, fallback = %f.model, "fallback model is served in another namespace; not followed");
+            return None;
+        }
+        if !next.endpoints.contains(endpoint) {
+            tracing::warn!(route = %route.label, fallback = %f.model, endpoint, "fallback model's route does not serve the endpoint; not followed");
             return None;
         }
         let labels = FallbackLabels { route: route.label.clone(), fallback_model: label.clone(), condition: condition.name() };
@@ -474,6 +487,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             max_memory_bytes: 64 << 20,
             isolation: Isolation::PerRequest,
+            endpoints: sluice_core::config::Endpoints::ALL,
         }
     }
 

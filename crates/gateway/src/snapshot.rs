@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use http::header::{self, HeaderName};
 use serde::Serialize;
+use sluice_core::config::Endpoints;
 use sluice_core::{
     ApiError, ApiKeySource, BackendPolicy, BackendTimeouts, Condition, DesiredConfig, FailurePolicy, LoadState, Phase,
     PluginDecl, PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
@@ -43,6 +44,9 @@ pub struct Route {
     /// `namespace/name`, as metrics and logs name it.
     pub label: Label,
     pub chain: Vec<Arc<LoadedPlugin>>,
+    /// The endpoints it serves: those its declaration and every plugin of
+    /// its chain name.
+    pub endpoints: Endpoints,
     pub backends: Vec<Backend>,
     pub(crate) balancer: Balancer,
     pub(crate) budget: Budget,
@@ -460,6 +464,16 @@ fn build_route(
         .collect::<Result<_, _>>()?;
     // Auth plugins first; the rest keep the route's order (a stable sort).
     chain.sort_by_key(|plugin| plugin.decl.phase);
+    let endpoints = chain.iter().fold(decl.endpoints, |served, plugin| served.intersection(plugin.decl.endpoints));
+    if endpoints.is_empty() {
+        let understood: Vec<String> =
+            chain.iter().map(|plugin| format!("{} understands {:?}", plugin.decl.key, plugin.decl.endpoints)).collect();
+        return Err(format!(
+            "no endpoint is understood by the whole chain: the route serves {:?}; {}",
+            decl.endpoints,
+            understood.join("; ")
+        ));
+    }
     let backends = decl
         .backends
         .iter()
@@ -505,7 +519,7 @@ fn build_route(
         .collect::<Result<_, String>>()?;
     let label = decl.key.to_string().into();
     let balancer = Balancer::new(&decl.backends.iter().map(|b| (b.priority, b.weight)).collect::<Vec<_>>());
-    Ok(Route { decl: decl.clone(), label, chain, backends, balancer, budget: Budget::default() })
+    Ok(Route { decl: decl.clone(), label, chain, endpoints, backends, balancer, budget: Budget::default() })
 }
 
 fn resolve_api_key(source: &ApiKeySource) -> Result<String, String> {
@@ -562,6 +576,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             max_memory_bytes: 64 << 20,
             isolation: Isolation::PerRequest,
+            endpoints: Endpoints::ALL,
         }
     }
 
@@ -685,8 +700,8 @@ mod tests {
     #[tokio::test]
     async fn an_auth_plugin_without_a_request_hook_is_refused() {
         let runtime = runtime();
-        let rules = serde_json::json!({"rules": [{"name": "k", "pattern": "sk-[a-z]+"}]});
-        let mut guard = plugin("guard", dist("response-guard"), rules);
+        let response_only = serde_json::json!({"requestHook": false, "responseHooks": true});
+        let mut guard = plugin("guard", dist("hostile"), response_only);
         guard.phase = Phase::Auth;
         let routes = vec![route("chat", &["m"], &["guard"])];
         let (snapshot, report) = apply(&runtime, &Snapshot::default(), vec![guard], routes).await;
@@ -694,6 +709,28 @@ mod tests {
         assert!(!state.ready, "an Auth plugin with no request hook was loaded");
         assert!(state.error.as_deref().unwrap_or_default().contains("request hook"), "{state:?}");
         assert_eq!(served_by(&snapshot, "m"), None);
+    }
+
+    /// Issue 41, finding 4: a route serves only the endpoints its whole
+    /// chain understands; one whose chain understands none of its own is
+    /// not served.
+    #[tokio::test]
+    async fn a_route_serves_the_endpoints_its_whole_chain_understands() {
+        let runtime = runtime();
+        let chat = Endpoints::parse(&["/v1/chat/completions"]).unwrap();
+        let mut chat_only = add_header("a");
+        chat_only.endpoints = Endpoints::parse(&["/v1/chat/completions", "/v1/embeddings"]).unwrap();
+        let mut limited = route("limited", &["m"], &["add-header"]);
+        limited.endpoints = Endpoints::parse(&["/v1/chat/completions", "/v1/responses"]).unwrap();
+        let mut disjoint = route("disjoint", &["n"], &["add-header"]);
+        disjoint.endpoints = Endpoints::parse(&["/v1/responses"]).unwrap();
+        let routes = vec![limited, disjoint, route("open", &["o"], &[])];
+        let (snapshot, report) = apply(&runtime, &Snapshot::default(), vec![chat_only], routes).await;
+        assert_eq!(snapshot.route_for("m").unwrap().endpoints, chat);
+        assert_eq!(snapshot.route_for("o").unwrap().endpoints, Endpoints::ALL);
+        assert_eq!(served_by(&snapshot, "n"), None);
+        let state = &report.routes[&ResourceKey::new("default", "disjoint")];
+        assert!(state.error.as_deref().unwrap_or_default().contains("no endpoint is understood"), "{state:?}");
     }
 
     #[tokio::test]

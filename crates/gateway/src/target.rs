@@ -6,7 +6,7 @@ use http::{HeaderValue, Uri};
 use sluice_core::Provider;
 
 /// The OpenAI endpoints that carry a `model` and are forwarded.
-pub(crate) const FORWARDED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
+pub(crate) const FORWARDED: &[&str] = &sluice_core::config::Endpoints::FORWARDED;
 
 /// A backend's targets for the forwarded endpoints.
 pub struct Target {

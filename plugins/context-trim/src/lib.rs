@@ -138,8 +138,10 @@ impl Plugin for ContextTrim {
     }
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        // It counts and trims chat messages only: a request to any other
+        // endpoint would go out unbounded, so it is refused.
         if !req.is_chat_completion() {
-            return Ok(Action::Continue);
+            return Err(ApiError::unsupported_endpoint(Self::NAME, &req.path_only(), &["/v1/chat/completions"]));
         }
         // Budgets are for the model the client asked for, before any
         // backend rewrite. A model without one costs no further call.

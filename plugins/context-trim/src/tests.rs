@@ -170,15 +170,19 @@ fn context_window_minus_requested_output_is_the_budget() {
 }
 
 #[test]
-fn models_without_a_budget_and_other_endpoints_pass() {
+fn models_without_a_budget_pass_and_other_endpoints_are_refused() {
     let plugin = plugin(json!({"models": [{"model": "gpt-*", "maxInputTokens": 1}]})).unwrap();
     let body = json!({"messages": [{"role": "user", "content": words(50)}]});
     let (result, state) = run(&plugin, "llama", body.clone());
     assert!(result.is_ok());
     assert_eq!(state, None, "no headers for a model without a budget");
-    let embeddings = chat_request("gpt-x", &json!({"input": "x"})).with_path("/v1/embeddings");
-    assert_eq!(plugin.on_request(&embeddings, &mut ()).unwrap(), Action::Continue);
-    assert!(embeddings.response_headers().is_empty());
+    // Issue 41, finding 4: the Responses API passed untrimmed.
+    for path in ["/v1/embeddings", "/v1/responses", "/v1/completions"] {
+        let req = chat_request("gpt-x", &json!({"input": words(50)})).with_path(path);
+        let error = plugin.on_request(&req, &mut ()).unwrap_err();
+        assert_eq!((error.status, error.code.as_str()), (400, "unsupported_endpoint"), "{path}");
+        assert!(!req.body_edited());
+    }
 }
 
 #[test]

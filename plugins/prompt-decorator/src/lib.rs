@@ -58,8 +58,10 @@ impl Plugin for PromptDecorator {
     }
 
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
+        // It adds chat messages only: a request to any other endpoint would
+        // go out without them, so it is refused.
         if !req.is_chat_completion() {
-            return Ok(Action::Continue);
+            return Err(ApiError::unsupported_endpoint(Self::NAME, &req.path_only(), &["/v1/chat/completions"]));
         }
         // Also checks it is a chat request: a 400 if not.
         let count = req.message_count()?;
@@ -174,9 +176,12 @@ mod tests {
         assert_eq!((error.status, error.code.as_str()), (400, "invalid_json"));
         let error = decorator.on_request(&chat_request("m", &json!({"messages": "hi"})), &mut ()).unwrap_err();
         assert_eq!(error.code, "invalid_chat_request");
-        let embeddings = chat_request("m", &json!({"input": "x"})).with_path("/v1/embeddings");
-        assert_eq!(decorator.on_request(&embeddings, &mut ()).unwrap(), Action::Continue);
-        assert!(!embeddings.body_edited());
+        // Issue 41, finding 4: the Responses API passed undecorated.
+        for path in ["/v1/embeddings", "/v1/responses", "/v1/completions"] {
+            let req = chat_request("m", &json!({"input": "x"})).with_path(path);
+            assert_eq!(decorator.on_request(&req, &mut ()).unwrap_err().code, "unsupported_endpoint", "{path}");
+            assert!(!req.body_edited());
+        }
     }
 
     #[test]

@@ -240,9 +240,20 @@ impl Plugin for PromptTemplate {
     fn on_request(&self, req: &Request, _: &mut ()) -> Result<Action, ApiError> {
         match req.path_only().as_str() {
             "/v1/chat/completions" => {}
-            // The legacy endpoint takes free-form prompts.
-            "/v1/completions" if !self.allow_untemplated => return Err(template_required()),
-            _ => return Ok(Action::Continue),
+            // Templates render chat messages only: a request to any other
+            // endpoint (the legacy `prompt`, the Responses API's `input`,
+            // embeddings) is an untemplated prompt, refused where only
+            // templated ones are allowed. One naming a template there would
+            // go out unrendered: refused too.
+            path => {
+                if !self.allow_untemplated {
+                    return Err(template_required());
+                }
+                if req.field_json("template").is_some() {
+                    return Err(ApiError::unsupported_endpoint(Self::NAME, path, &["/v1/chat/completions"]));
+                }
+                return Ok(Action::Continue);
+            }
         }
         let Some(name) = requested_template(req)? else {
             return if self.allow_untemplated { Ok(Action::Continue) } else { Err(template_required()) };
@@ -516,6 +527,15 @@ mod tests {
         assert_eq!(error.code, "template_required");
         let legacy = chat_request("m", &json!({"prompt": "free-form"})).with_path("/v1/completions");
         assert_eq!(closed.on_request(&legacy, &mut ()).unwrap_err().code, "template_required");
+        // Issue 41, finding 4: the Responses API (and every other endpoint)
+        // passed a template-only route untemplated.
+        for path in ["/v1/responses", "/v1/embeddings", "/v1/anything"] {
+            let req = chat_request("m", &json!({"input": "free-form"})).with_path(path);
+            assert_eq!(closed.on_request(&req, &mut ()).unwrap_err().code, "template_required", "{path}");
+            assert_eq!(open.on_request(&req, &mut ()), Ok(Action::Continue), "{path}: untemplated prompts are allowed");
+            let named = chat_request("m", &json!({"template": "summarize", "input": "x"})).with_path(path);
+            assert_eq!(open.on_request(&named, &mut ()).unwrap_err().code, "unsupported_endpoint", "{path}");
+        }
         let out = apply(&closed, json!({"messages": "{template://t}", "properties": {"q": "hi"}})).unwrap();
         assert_eq!(out["messages"], json!([{"role": "user", "content": "hi"}]));
     }

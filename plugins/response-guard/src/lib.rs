@@ -1,7 +1,10 @@
 //! Masks (or blocks) regex matches in what the model says: the
 //! `choices[].delta.content` of each streamed chunk, and the
 //! `choices[].message.content` of a whole JSON response (`text` for the
-//! legacy completions endpoint).
+//! legacy completions endpoint); for the Responses API, the
+//! `output[].content[].text` of a response and the
+//! `response.output_text.delta` events of a stream (with every event that
+//! repeats the text). Requests to an endpoint it does not read are refused.
 //!
 //! A streamed match can be split across chunks (`"sk-ab"` then `"cd…"`), so
 //! the last `holdBackChars` characters of each choice's text are held back
@@ -75,7 +78,17 @@ struct Stream {
     pending: BTreeMap<u64, String>,
     /// The latest chunk, the model for a closing chunk of our own.
     last_chunk: Option<Map<String, Value>>,
+    /// Responses API: per (output index, content index), text received
+    /// but not yet sent.
+    parts: BTreeMap<(u64, u64), String>,
+    /// Responses API: the latest `response` object an event carried, the
+    /// model for a closing `response.incomplete` of our own.
+    last_response: Option<Map<String, Value>>,
 }
+
+/// The endpoints whose responses it reads. Embeddings carry no text to
+/// guard; the others are read as their shapes say.
+const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
 
 impl Plugin for ResponseGuard {
     const NAME: &'static str = "response-guard";
@@ -99,8 +112,18 @@ impl Plugin for ResponseGuard {
     }
 
     fn hooks(&self) -> Hooks {
-        // The head starts each response afresh (see the SDK's `State`).
-        Hooks::RESPONSE_HEAD | Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY
+        // The request hook refuses endpoints it does not read; the head
+        // starts each response afresh (see the SDK's `State`).
+        Hooks::REQUEST | Hooks::RESPONSE_HEAD | Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY
+    }
+
+    fn on_request(&self, req: &Request, _: &mut Stream) -> Result<Action, ApiError> {
+        let path = req.path_only();
+        if ENDPOINTS.contains(&path.as_str()) {
+            Ok(Action::Continue)
+        } else {
+            Err(ApiError::unsupported_endpoint(Self::NAME, &path, ENDPOINTS))
+        }
     }
 
     fn on_chunk(&self, data: &str, stream: &mut Stream) -> ChunkAction {
@@ -114,6 +137,9 @@ impl Plugin for ResponseGuard {
         let Ok(mut chunk) = serde_json::from_str::<Map<String, Value>>(data) else {
             return ChunkAction::Pass;
         };
+        if chunk.get("type").and_then(Value::as_str).is_some_and(|t| t.starts_with("response.")) {
+            return self.on_event(chunk, stream);
+        }
         let mut changed = false;
         let mut blocked = false;
         if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
@@ -147,6 +173,13 @@ impl Plugin for ResponseGuard {
 
     fn on_body(&self, body: &[u8], _: &mut Stream) -> Option<Vec<u8>> {
         let mut response: Map<String, Value> = serde_json::from_slice(body).ok()?;
+        if response.get("object").and_then(Value::as_str) == Some("response") || response.contains_key("output") {
+            return match self.guard_response(&mut response) {
+                Verdict::Clean => None,
+                Verdict::Masked => Some(Value::Object(response).to_string().into_bytes()),
+                Verdict::Blocked => Some(Value::Object(incomplete(response)).to_string().into_bytes()),
+            };
+        }
         let Some(Value::Array(choices)) = response.get_mut("choices") else { return None };
         let mut changed = false;
         for choice in choices.iter_mut().filter_map(Value::as_object_mut) {
@@ -271,6 +304,135 @@ impl ResponseGuard {
         chunk.remove("usage");
         Some(Value::Object(chunk).to_string())
     }
+}
+
+/// What guarding a piece of the Responses API found.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+enum Verdict {
+    Clean,
+    Masked,
+    Blocked,
+}
+
+impl ResponseGuard {
+    /// One Responses API stream event. Text deltas are held back and
+    /// masked as chat deltas are, per content part; every event that
+    /// repeats text (`.done` events, items, the `response` objects) has it
+    /// masked whole. In block mode a match ends the stream with a
+    /// `response.incomplete` for `content_filter`.
+    ///
+    /// A part's held-back text cannot get a delta event of its own (the
+    /// host forwards one event for each it reads): it reaches the client in
+    /// the part's `response.output_text.done` and the events after it,
+    /// which carry the whole text.
+    fn on_event(&self, mut event: Map<String, Value>, stream: &mut Stream) -> ChunkAction {
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+        let at = |event: &Map<String, Value>| {
+            let index = |name| event.get(name).and_then(Value::as_u64).unwrap_or(0);
+            (index("output_index"), index("content_index"))
+        };
+        let verdict = match kind.as_str() {
+            "response.output_text.delta" => {
+                let Some(Value::String(delta)) = event.get("delta") else { return ChunkAction::Pass };
+                let delta = delta.clone();
+                let pending = stream.parts.entry(at(&event)).or_default();
+                pending.push_str(&delta);
+                let (send, blocked) = self.release(pending, false);
+                if blocked {
+                    Verdict::Blocked
+                } else if send != delta {
+                    event.insert("delta".into(), send.into());
+                    Verdict::Masked
+                } else {
+                    Verdict::Clean
+                }
+            }
+            "response.output_text.done" => {
+                stream.parts.remove(&at(&event));
+                self.guard_text(event.get_mut("text"))
+            }
+            "response.content_part.added" | "response.content_part.done" => self.guard_part(event.get_mut("part")),
+            "response.output_item.added" | "response.output_item.done" => self.guard_item(event.get_mut("item")),
+            _ => match event.get_mut("response") {
+                Some(Value::Object(response)) => {
+                    let verdict = self.guard_response(response);
+                    let mut seen = response.clone();
+                    seen.remove("output");
+                    stream.last_response = Some(seen);
+                    verdict
+                }
+                _ => Verdict::Clean,
+            },
+        };
+        match verdict {
+            Verdict::Clean => ChunkAction::Pass,
+            Verdict::Masked => ChunkAction::Replace(Value::Object(event).to_string()),
+            Verdict::Blocked => {
+                stream.parts.clear();
+                let response = incomplete(stream.last_response.take().unwrap_or_default());
+                let closing = serde_json::json!({"type": "response.incomplete", "response": response});
+                ChunkAction::Stop(Some(closing.to_string()))
+            }
+        }
+    }
+
+    /// A `response` object: the text of every output item, and the
+    /// `output_text` some servers add.
+    fn guard_response(&self, response: &mut Map<String, Value>) -> Verdict {
+        let mut verdict = self.guard_text(response.get_mut("output_text"));
+        if let Some(Value::Array(items)) = response.get_mut("output") {
+            for item in items {
+                verdict = verdict.max(self.guard_item(Some(item)));
+            }
+        }
+        verdict
+    }
+
+    /// An output item: the text of each of its content parts.
+    fn guard_item(&self, item: Option<&mut Value>) -> Verdict {
+        let Some(Value::Array(parts)) = item.and_then(|item| item.get_mut("content")) else {
+            return Verdict::Clean;
+        };
+        parts.iter_mut().map(|part| self.guard_part(Some(part))).fold(Verdict::Clean, Verdict::max)
+    }
+
+    fn guard_part(&self, part: Option<&mut Value>) -> Verdict {
+        self.guard_text(part.and_then(|part| part.get_mut("text")))
+    }
+
+    /// Masks a string in place; in block mode, empties it if it matches.
+    fn guard_text(&self, text: Option<&mut Value>) -> Verdict {
+        let Some(Value::String(text)) = text else { return Verdict::Clean };
+        match self.mode {
+            Mode::Block if self.first_match(text).is_some() => {
+                text.clear();
+                Verdict::Blocked
+            }
+            Mode::Block => Verdict::Clean,
+            Mode::Mask => {
+                let masked = self.mask(text);
+                if masked == *text {
+                    return Verdict::Clean;
+                }
+                *text = masked;
+                Verdict::Masked
+            }
+        }
+    }
+}
+
+impl Verdict {
+    fn max(self, other: Verdict) -> Verdict {
+        if other > self { other } else { self }
+    }
+}
+
+/// A response ended by the guard: what a provider's own content filter
+/// answers in the Responses API.
+fn incomplete(mut response: Map<String, Value>) -> Map<String, Value> {
+    response.insert("status".into(), "incomplete".into());
+    response.insert("incomplete_details".into(), serde_json::json!({"reason": "content_filter"}));
+    response
 }
 
 /// The streamed text of a choice: `delta.content`, or the legacy `text`.

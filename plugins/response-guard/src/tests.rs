@@ -216,3 +216,139 @@ fn bad_configs_are_rejected() {
     assert!(error(json!({"rules": [{"name": "x", "pattern": "a"}, {"name": "x", "pattern": "b"}]})).contains("unique"));
     assert!(error(json!({"action": "drop", "rules": [{"name": "x", "pattern": "a"}]})).contains("unknown variant"));
 }
+
+/// A Responses API stream of `pieces`, as OpenAI (and echo) send it.
+fn responses_events(pieces: &[&str]) -> Vec<String> {
+    let text: String = pieces.concat();
+    let response =
+        |status: &str, output: Value| json!({"id": "r1", "object": "response", "status": status, "output": output});
+    let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+    let item = |content: Value| json!({"type": "message", "id": "m1", "role": "assistant", "content": content});
+    let at = |mut event: Value| {
+        event["item_id"] = "m1".into();
+        event["output_index"] = 0.into();
+        event["content_index"] = 0.into();
+        event.to_string()
+    };
+    let mut events = vec![
+        json!({"type": "response.created", "response": response("in_progress", json!([]))}).to_string(),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": item(json!([]))}).to_string(),
+        at(json!({"type": "response.content_part.added", "part": part("")})),
+    ];
+    events.extend(pieces.iter().map(|piece| at(json!({"type": "response.output_text.delta", "delta": piece}))));
+    events.push(at(json!({"type": "response.output_text.done", "text": text})));
+    events.push(at(json!({"type": "response.content_part.done", "part": part(&text)})));
+    events.push(
+        json!({"type": "response.output_item.done", "output_index": 0, "item": item(json!([part(&text)]))}).to_string(),
+    );
+    events.push(
+        json!({"type": "response.completed", "response": response("completed", json!([item(json!([part(&text)]))]))})
+            .to_string(),
+    );
+    events
+}
+
+/// The events a client receives (no `[DONE]` is added: the Responses API
+/// has none, but a guard's stop sends one).
+fn stream_events(guard: &ResponseGuard, events: &[String]) -> Vec<Value> {
+    let mut state = Stream::default();
+    let mut out = Vec::new();
+    for event in events {
+        match guard.on_chunk(event, &mut state) {
+            ChunkAction::Pass => out.push(event.clone()),
+            ChunkAction::Replace(data) => out.push(data),
+            ChunkAction::Drop => {}
+            ChunkAction::Stop(last) => {
+                out.extend(last);
+                break;
+            }
+        }
+    }
+    out.iter().map(|e| serde_json::from_str(e).unwrap()).collect()
+}
+
+/// Issue 41, finding 4: Responses API output passed unmasked.
+#[test]
+fn responses_api_streams_are_masked_in_every_event() {
+    let guard = secrets();
+    let pieces = ["my key is sk-abc", "defghijklmnop", "qrstuvwxyz0123, ok ", "mail bob@example.com bye"];
+    let out = stream_events(&guard, &responses_events(&pieces));
+    let all = serde_json::to_string(&out).unwrap();
+    assert!(!all.contains("sk-abc") && !all.contains("bob@"), "{all}");
+    let deltas: String = out
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    let whole = "my key is [REDACTED], ok mail <email> bye";
+    let done = out.iter().find(|e| e["type"] == "response.output_text.done").unwrap();
+    assert_eq!(done["text"], whole);
+    assert!(whole.starts_with(&deltas), "deltas {deltas:?} lead the whole text");
+    let completed = out.last().unwrap();
+    assert_eq!(completed["response"]["output"][0]["content"][0]["text"], whole);
+    assert_eq!(completed["response"]["status"], "completed");
+    let item = out.iter().find(|e| e["type"] == "response.output_item.done").unwrap();
+    assert_eq!(item["item"]["content"][0]["text"], whole);
+
+    // Clean streams pass as they came.
+    let clean = responses_events(&["all ", "fine"]);
+    let out = stream_events(&guard, &clean);
+    assert_eq!(out.len(), clean.len());
+    assert_eq!(out.last().unwrap()["response"]["output"][0]["content"][0]["text"], "all fine");
+}
+
+#[test]
+fn responses_api_streams_are_blocked_with_an_incomplete_response() {
+    let guard = guard(json!({"action": "block", "rules": [{"name": "key", "pattern": "sk-[A-Za-z0-9]{20,}"}]}));
+    let out = stream_events(&guard, &responses_events(&["here: sk-abcdefgh", "ijklmnopqrstuvwxyz0123", "never sent"]));
+    let all = serde_json::to_string(&out).unwrap();
+    assert!(!all.contains("sk-") && !all.contains("never sent"), "{all}");
+    let last = out.last().unwrap();
+    assert_eq!(last["type"], "response.incomplete");
+    assert_eq!(last["response"]["id"], "r1", "the closing event names the response: {last}");
+    assert_eq!(last["response"]["incomplete_details"]["reason"], "content_filter");
+}
+
+#[test]
+fn whole_responses_api_bodies_are_masked_or_blocked() {
+    let body = json!({"id": "r1", "object": "response", "status": "completed", "output": [
+        {"type": "reasoning", "summary": []},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": format!("use {KEY}"), "annotations": []},
+            {"type": "output_text", "text": "fine"}
+        ]}
+    ], "output_text": format!("use {KEY}\nfine"), "usage": {"total_tokens": 3}});
+    let masked: Value =
+        serde_json::from_slice(&secrets().on_body(body.to_string().as_bytes(), &mut Stream::default()).unwrap())
+            .unwrap();
+    assert_eq!(masked["output"][1]["content"][0]["text"], "use [REDACTED]");
+    assert_eq!(masked["output"][1]["content"][1]["text"], "fine");
+    assert_eq!(masked["output_text"], "use [REDACTED]\nfine");
+    assert_eq!(masked["usage"], body["usage"]);
+
+    let blocker = guard(json!({"action": "block", "rules": [{"name": "key", "pattern": "sk-"}]}));
+    let blocked: Value =
+        serde_json::from_slice(&blocker.on_body(body.to_string().as_bytes(), &mut Stream::default()).unwrap()).unwrap();
+    assert!(!blocked.to_string().contains("sk-"), "{blocked}");
+    assert_eq!(blocked["status"], "incomplete");
+    assert_eq!(blocked["incomplete_details"]["reason"], "content_filter");
+
+    let clean = json!({"object": "response", "output": [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}]});
+    assert_eq!(secrets().on_body(clean.to_string().as_bytes(), &mut Stream::default()), None);
+    // Embeddings carry no text: unchanged.
+    let embeddings = json!({"object": "list", "data": [{"embedding": [0.1]}]});
+    assert_eq!(secrets().on_body(embeddings.to_string().as_bytes(), &mut Stream::default()), None);
+}
+
+#[test]
+fn endpoints_it_does_not_read_are_refused() {
+    use sluice_plugin_sdk::testing::chat_request;
+    let guard = secrets();
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"] {
+        let req = chat_request("m", &json!({})).with_path(path);
+        assert_eq!(guard.on_request(&req, &mut Stream::default()), Ok(Action::Continue), "{path}");
+    }
+    let req = chat_request("m", &json!({})).with_path("/v1/audio/transcriptions");
+    let error = guard.on_request(&req, &mut Stream::default()).unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (400, "unsupported_endpoint"));
+}

@@ -85,6 +85,16 @@ impl ApiError {
         ApiError::new(400, code, message)
     }
 
+    /// A 400 `unsupported_endpoint`: `plugin` does not read requests to
+    /// `path`, only to those in `reads`. A content policy refuses what it
+    /// cannot read rather than let it by unchecked.
+    pub fn unsupported_endpoint(plugin: &str, path: &str, reads: &[&str]) -> ApiError {
+        ApiError::bad_request(
+            "unsupported_endpoint",
+            format!("{plugin} does not read requests to {path}; it reads only {}", reads.join(", ")),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(500, "internal_error", message)
     }

@@ -315,6 +315,26 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_are_read_from_routes_and_plugins_and_unknown_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = PLUGIN.replace("spec: {", "spec: {endpoints: [/v1/chat/completions], ");
+        let route = ROUTE.replace("spec: {", "spec: {endpoints: [/v1/responses, /v1/chat/completions], ");
+        std::fs::write(dir.path().join("plugin.yaml"), plugin).unwrap();
+        std::fs::write(dir.path().join("route.yaml"), &route).unwrap();
+        let (ConfigUpdate::Desired(desired), _) = read_dir(dir.path()) else { panic!("expected a valid config") };
+        let paths = |e: sluice_core::config::Endpoints| e.paths().collect::<Vec<_>>();
+        assert_eq!(paths(desired.plugins[0].endpoints), ["/v1/chat/completions"]);
+        assert_eq!(paths(desired.routes[0].endpoints), ["/v1/chat/completions", "/v1/responses"]);
+
+        std::fs::write(dir.path().join("route.yaml"), route.replace("/v1/responses", "/v1/models")).unwrap();
+        let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("expected errors") };
+        assert!(errors[0].message.contains("/v1/models"), "{errors:?}");
+        std::fs::write(dir.path().join("route.yaml"), ROUTE.replace("spec: {", "spec: {endpoints: [], ")).unwrap();
+        let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("expected errors") };
+        assert!(errors[0].message.contains("endpoints"), "{errors:?}");
+    }
+
+    #[test]
     fn one_bad_file_invalidates_the_update_and_is_named() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("plugin.yaml"), PLUGIN).unwrap();

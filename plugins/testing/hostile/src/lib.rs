@@ -9,6 +9,8 @@
 //!   until the host refuses, and keeps it (a `Reused` instance holds it
 //!   while idle); `allocateInConfigureMiB: n` allocates n MiB there and
 //!   keeps it, aborting if it cannot;
+//! - config `requestHook: false` declares no request hook (a module an
+//!   Auth-phase plugin must not be);
 //! - request header `x-hostile` picks an attack in the request hook:
 //!   `sleep` sleeps for 30 s; `forge` logs a message and fields with
 //!   newlines and escape sequences in them; `flood` logs 10 000 lines;
@@ -43,6 +45,14 @@ struct Config {
     #[serde(default)]
     grow_in_configure: bool,
     allocate_in_configure_mi_b: Option<usize>,
+    /// `false` declares no request hook: a module the gateway must refuse
+    /// in the Auth phase.
+    #[serde(default = "yes")]
+    request_hook: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 struct Hostile;
@@ -62,7 +72,7 @@ impl Guest for Hostile {
         if let Some(mib) = config.allocate_in_configure_mi_b {
             std::mem::forget(vec![1u8; mib << 20]);
         }
-        let mut hooks = Hooks::REQUEST;
+        let mut hooks = if config.request_hook { Hooks::REQUEST } else { Hooks::empty() };
         if config.response_hooks {
             hooks |= Hooks::RESPONSE_HEAD;
         }
