@@ -108,6 +108,9 @@ async fn admin_config_describes_what_is_served() {
             }],
             "plugins": ["default/add-header", "default/deny"],
             "fallbacks": [],
+            // Every forwarded endpoint: neither the route nor its plugins
+            // narrow them.
+            "endpoints": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"],
         }])
     );
 
@@ -121,6 +124,7 @@ async fn admin_config_describes_what_is_served() {
         assert_eq!(plugin["source"], format!("file:{}", wasm.display()), "{plugin}");
         assert_eq!(plugin["failurePolicy"], policy, "{plugin}");
         assert_eq!(plugin["hooks"], hooks, "{plugin}");
+        assert_eq!(plugin["endpoints"].as_array().map(Vec::len), Some(4), "{plugin}");
     }
 
     for probe in ["/healthz", "/readyz"] {
