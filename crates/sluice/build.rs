@@ -14,11 +14,19 @@ fn main() {
     let commit = std::env::var("SLUICE_GIT_COMMIT").ok().filter(|commit| !commit.is_empty());
     let commit = commit.or_else(|| git(&["rev-parse", "--short=12", "HEAD"])).unwrap_or_else(|| "unknown".into());
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
+        let dir = std::path::Path::new(&dir);
+        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        // Name only files that exist: cargo reruns a build script whose input
+        // is missing on every build, and a rerun relinks the binary (minutes
+        // for a release build). The branch is a loose ref file, or a line of
+        // packed-refs once git has packed it (a fresh clone has either).
         if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={dir}/{branch}");
+            let loose = dir.join(&branch);
+            let input = if loose.exists() { loose } else { dir.join("packed-refs") };
+            if input.exists() {
+                println!("cargo:rerun-if-changed={}", input.display());
+            }
         }
-        println!("cargo:rerun-if-changed={dir}/packed-refs");
     }
     println!("cargo:rustc-env=SLUICE_GIT_COMMIT={commit}");
 }
