@@ -4,13 +4,8 @@
 //! plays the attacker against the real binary and asserts what everyone
 //! else still gets.
 
-#[path = "isolation/connections.rs"]
 mod connections;
-#[path = "isolation/content.rs"]
 mod content;
-#[path = "isolation/endpoints.rs"]
 mod endpoints;
-#[path = "isolation/memory.rs"]
 mod memory;
-#[path = "isolation/tenancy.rs"]
 mod tenancy;

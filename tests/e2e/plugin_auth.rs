@@ -3,8 +3,7 @@
 //! 403, the client's credential never forwarded, and the headers the plugin
 //! owns never taken from the client.
 
-#[path = "plugin_support.rs"]
-mod support;
+use crate::plugin_support as support;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

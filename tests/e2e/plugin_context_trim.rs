@@ -2,8 +2,7 @@
 //! tokenizer: what reaches the upstream is at or under the budget, or the
 //! client gets `context_length_exceeded`.
 
-#[path = "plugin_support.rs"]
-mod support;
+use crate::plugin_support as support;
 
 use serde_json::{Value, json};
 use sluice_runtime::tokens::count_tokens;

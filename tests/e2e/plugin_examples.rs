@@ -2,8 +2,7 @@
 //! path and the upstream URL are pointed at this test's), and behaves as its
 //! README says.
 
-#[path = "plugin_support.rs"]
-mod support;
+use crate::plugin_support as support;
 
 use std::path::Path;
 

@@ -2,8 +2,7 @@
 //! gateway, including hostile input: prompt injection, quotes and newlines,
 //! `{{placeholders}}` in values, huge values, invalid UTF-8.
 
-#[path = "plugin_support.rs"]
-mod support;
+use crate::plugin_support as support;
 
 use serde_json::{Value, json};
 use sluice_tests::Plugin;

@@ -2,8 +2,7 @@
 //! request in its answer, so a secret in the prompt comes back as model
 //! output, in a whole JSON body or split across many SSE chunks.
 
-#[path = "plugin_support.rs"]
-mod support;
+use crate::plugin_support as support;
 
 use serde_json::{Value, json};
 use sluice_tests::{Gateway, Plugin, Streamed, chat_body};

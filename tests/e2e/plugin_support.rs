@@ -1,7 +1,4 @@
-//! Helpers shared by the first-party plugin tests (plugin_*.rs), included
-//! with `#[path]`; not a test binary of its own.
-
-#![allow(dead_code)]
+//! Helpers shared by the first-party plugin tests (plugin_*.rs).
 
 use serde_json::{Value, json};
 use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents};
