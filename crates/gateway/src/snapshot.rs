@@ -560,9 +560,9 @@ mod tests {
         assert_eq!(&*url_label("http://h/v1/@x"), "http://h/v1/@x");
     }
 
-    /// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs first.
+    /// A plugin that sluice-test-programs built from plugins/.
     fn dist(name: &str) -> PathBuf {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/dist")).join(format!("{name}.wasm"))
+        PathBuf::from(sluice_test_programs::path(name))
     }
 
     fn plugin(name: &str, path: PathBuf, config: serde_json::Value) -> PluginDecl {
@@ -632,7 +632,7 @@ mod tests {
         let (first, _) = apply(&runtime, &Snapshot::default(), vec![add_header("a")], routes.clone()).await;
         let good = first.plugins[&ResourceKey::new("default", "add-header")].digest().to_string();
 
-        let broken = plugin("add-header", dist("no-such-plugin"), serde_json::json!({}));
+        let broken = plugin("add-header", PathBuf::from("/nonexistent/no-such-plugin.wasm"), serde_json::json!({}));
         let (second, report) = apply(&runtime, &first, vec![broken], routes.clone()).await;
         let state = &report.plugins[&ResourceKey::new("default", "add-header")];
         assert!(!state.ready);

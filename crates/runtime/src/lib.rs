@@ -101,12 +101,11 @@ pub fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
-/// A plugin built by `cargo xtask plugins`, which `cargo xtask test` runs
-/// first.
+/// A plugin that sluice-test-programs built from plugins/.
 #[cfg(test)]
 fn built_plugin(name: &str) -> Vec<u8> {
-    let path = format!("{}/../../plugins/dist/{name}.wasm", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}; run `cargo xtask plugins`"))
+    let path = sluice_test_programs::path(name);
+    std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// A chat request for `model`, as the gateway would hand it to plugins.
