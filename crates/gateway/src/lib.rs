@@ -7,6 +7,7 @@ mod admin;
 mod balance;
 mod body;
 mod chain;
+mod fallback;
 mod forward;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -8,24 +8,21 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sluice_chat::ChatBody;
-use sluice_core::{ApiError, Condition, Fallback};
-use sluice_runtime::Hooks;
-use sluice_telemetry::Label;
-use sluice_telemetry::metrics::FallbackLabels;
+use sluice_core::ApiError;
 use tokio::sync::OwnedSemaphorePermit;
 
 use sluice_telemetry::record::operation_of;
 use sluice_telemetry::{RequestRecord, request_id, trace};
 
 use crate::body::{Body, ErrorCode, error_response, json_response};
-use crate::chain::{Filtered, Outgoing, Refusal, request_filters};
-use crate::forward::{TRACEPARENT, forward};
+use crate::chain::Outgoing;
+use crate::fallback::{self, Hop};
+use crate::forward::TRACEPARENT;
 use crate::gateway::Gateway;
 use sluice_runtime::headers::not_utf8;
 
 use crate::json::Checked;
-use crate::response::{self, BodyLimits};
-use crate::snapshot::{Route, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::target::FORWARDED;
 
 // Names rather than strings: inserting a `&'static str` key that is not
@@ -224,7 +221,7 @@ async fn proxy(
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
     let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
-    let (mut model, chat) = requested_model(&body)?;
+    let (model, chat) = requested_model(&body)?;
     let mut client_request = Outgoing::new(parts, body);
     client_request.chat = chat;
     // Plugins see header values as strings: one that is not UTF-8 would
@@ -232,7 +229,7 @@ async fn proxy(
     if let Some(name) = not_utf8(&client_request.headers) {
         return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
     }
-    let Some((mut route, mut model_label)) = snapshot.routed(&model) else {
+    let Some((route, model_label)) = snapshot.routed(&model) else {
         return Ok(unknown_model(&model));
     };
     // Before any plugin runs: a route serves only the endpoints its whole
@@ -240,88 +237,8 @@ async fn proxy(
     if !route.endpoints.contains(endpoint) {
         return Err(route.endpoints.refusal(endpoint, &model));
     }
-    // The client's request is kept for a fallback only if there may be one.
-    let mut client_request = Some(client_request);
-    let mut hops = 0;
-    loop {
-        // The model is one the config names: a bounded label.
-        record.route = Some(route.label.clone());
-        record.model = Some(model_label.clone());
-        // Taken only where no fallback can follow.
-        let last = route.decl.fallbacks.is_empty() || hops >= Fallback::MAX_HOPS;
-        let mut outgoing = if last { client_request.take() } else { client_request.clone() }
-            .ok_or_else(|| ApiError::internal("the request was not kept for its fallback"))?;
-        if hops > 0 {
-            outgoing.body = crate::forward::rewrite_model(&outgoing.body, &model)?;
-        }
-        let filtered = request_filters(route, &model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
-        let (engaged, response_headers) = match filtered {
-            Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
-            Filtered::Respond(response) => {
-                // A plugin's refusal a fallback names (context-trim's
-                // `context_length_exceeded`) moves the request too.
-                let refused = response.extensions().get::<Refusal>().map(|r| r.0);
-                if let Some(condition) = refused
-                    && let Some((next, label, to)) = fallback(snapshot, route, condition, hops, endpoint)
-                {
-                    (route, model_label, model) = (next, label, to);
-                    hops += 1;
-                    continue;
-                }
-                return Ok(response);
-            }
-        };
-        if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
-            // Plugins that read the response body need it as text, not gzip.
-            outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
-        let forwarded = forward(gateway, route, &mut outgoing, record).await;
-        if let Some(condition) = forwarded.failure
-            && let Some((next, label, to)) = fallback(snapshot, route, condition, hops, endpoint)
-        {
-            tracing::info!(route = %route.label, fallback = %to, condition = condition.name(), request_id = &*record.id, "falling back");
-            (route, model_label, model) = (next, label, to);
-            hops += 1;
-            continue;
-        }
-        let upstream = forwarded.response?;
-        let backend = forwarded.backend.and_then(|i| route.backends.get(i));
-        let limits = BodyLimits {
-            idle: backend.and_then(|b| b.timeouts.idle).unwrap_or(gateway.settings.upstream_idle_timeout),
-            deadline: backend.and_then(|b| b.timeouts.total).map(|total| record.started + total),
-        };
-        return response::respond(upstream, engaged, response_headers, &gateway.settings, limits, record).await;
-    }
-}
-
-/// Where a request that failed on `route` in the way `condition` goes
-/// next, if the route names a fallback for it: a model served by a route
-/// in the same namespace (another tenant's backends and keys are not
-/// this route's to use), and that serves the request's endpoint.
-fn fallback<'s>(
-    snapshot: &'s Snapshot,
-    route: &Route,
-    condition: Condition,
-    hops: usize,
-    endpoint: &str,
-) -> Option<(&'s Arc<Route>, &'s Label, String)> {
-    if hops >= Fallback::MAX_HOPS {
-        return None;
-    }
-    route.decl.fallbacks.iter().filter(|f| f.on.contains(condition)).find_map(|f| {
-        let (next, label) = snapshot.routed(&f.model)?;
-        if next.decl.key.namespace != route.decl.key.namespace {
-            tracing::warn!(route = %route.label, fallback = %f.model, "fallback model is served in another namespace; not followed");
-            return None;
-        }
-        if !next.endpoints.contains(endpoint) {
-            tracing::warn!(route = %route.label, fallback = %f.model, endpoint, "fallback model's route does not serve the endpoint; not followed");
-            return None;
-        }
-        let labels = FallbackLabels { route: route.label.clone(), fallback_model: label.clone(), condition: condition.name() };
-        sluice_telemetry::metrics().fallbacks.get_or_create(&labels).inc();
-        Some((next, label, f.model.clone()))
-    })
+    let first = Hop { route, label: model_label, model };
+    fallback::walk(gateway, snapshot, endpoint, first, client_request, record).await
 }
 
 /// Reads the whole request body, within the per-request size limit, the
@@ -475,10 +392,7 @@ mod tests {
     fn add_header() -> PluginDecl {
         PluginDecl {
             key: ResourceKey::new("default", "add-header"),
-            source: PluginSource::File(PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../plugins/dist/add-header.wasm"
-            ))),
+            source: PluginSource::File(PathBuf::from(sluice_test_programs::path("add-header"))),
             phase: Phase::Filter,
             sha256: None,
             config: serde_json::json!({"header": "x-team", "value": "search",

@@ -1,0 +1,123 @@
+//! The fallback walk: one route's attempt (its request hooks, the upstream,
+//! the response phase) and, when the attempt fails in a way the route's
+//! fallbacks name, the same again on the fallback model's route, up to
+//! [`Fallback::MAX_HOPS`] times.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, header};
+use sluice_core::{ApiError, Condition, Fallback};
+use sluice_runtime::Hooks;
+use sluice_telemetry::metrics::FallbackLabels;
+use sluice_telemetry::{Label, RequestRecord};
+
+use crate::body::Body;
+use crate::chain::{Filtered, Outgoing, Refusal, request_filters};
+use crate::forward::forward;
+use crate::gateway::Gateway;
+use crate::response::{self, BodyLimits};
+use crate::snapshot::{Route, Snapshot};
+
+/// A route to try, for the model the request is then sent as.
+pub(crate) struct Hop<'s> {
+    pub route: &'s Arc<Route>,
+    /// The model as a metric label: one the config names.
+    pub label: &'s Label,
+    pub model: String,
+}
+
+/// Runs `first`, then each fallback a failure leads to, and returns the
+/// response of the last attempt.
+pub(crate) async fn walk(
+    gateway: &Gateway,
+    snapshot: &Snapshot,
+    endpoint: &str,
+    first: Hop<'_>,
+    client_request: Outgoing,
+    record: &mut RequestRecord,
+) -> Result<http::Response<Body>, ApiError> {
+    let mut hop = first;
+    // The client's request is kept for a fallback only if there may be one.
+    let mut client_request = Some(client_request);
+    let mut hops = 0;
+    loop {
+        let route = hop.route;
+        record.route = Some(route.label.clone());
+        record.model = Some(hop.label.clone());
+        // Taken only where no fallback can follow.
+        let last = route.decl.fallbacks.is_empty() || hops >= Fallback::MAX_HOPS;
+        let mut outgoing = if last { client_request.take() } else { client_request.clone() }
+            .ok_or_else(|| ApiError::internal("the request was not kept for its fallback"))?;
+        if hops > 0 {
+            outgoing.body = crate::forward::rewrite_model(&outgoing.body, &hop.model)?;
+        }
+        let filtered =
+            request_filters(route, &hop.model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
+        let (engaged, response_headers) = match filtered {
+            Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
+            Filtered::Respond(response) => {
+                // A plugin's refusal a fallback names (context-trim's
+                // `context_length_exceeded`) moves the request too.
+                let refused = response.extensions().get::<Refusal>().map(|r| r.0);
+                if let Some(condition) = refused
+                    && let Some(next) = next_hop(snapshot, route, condition, hops, endpoint)
+                {
+                    hop = next;
+                    hops += 1;
+                    continue;
+                }
+                return Ok(response);
+            }
+        };
+        if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
+            // Plugins that read the response body need it as text, not gzip.
+            outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        let forwarded = forward(gateway, route, &mut outgoing, record).await;
+        if let Some(condition) = forwarded.failure
+            && let Some(next) = next_hop(snapshot, route, condition, hops, endpoint)
+        {
+            tracing::info!(route = %route.label, fallback = %next.model, condition = condition.name(), request_id = &*record.id, "falling back");
+            hop = next;
+            hops += 1;
+            continue;
+        }
+        let upstream = forwarded.response?;
+        let backend = forwarded.backend.and_then(|i| route.backends.get(i));
+        let limits = BodyLimits {
+            idle: backend.and_then(|b| b.timeouts.idle).unwrap_or(gateway.settings.upstream_idle_timeout),
+            deadline: backend.and_then(|b| b.timeouts.total).map(|total| record.started + total),
+        };
+        return response::respond(upstream, engaged, response_headers, &gateway.settings, limits, record).await;
+    }
+}
+
+/// Where a request that failed on `route` in the way `condition` goes
+/// next, if the route names a fallback for it: a model served by a route
+/// in the same namespace (another tenant's backends and keys are not
+/// this route's to use), and that serves the request's endpoint.
+fn next_hop<'s>(
+    snapshot: &'s Snapshot,
+    route: &Route,
+    condition: Condition,
+    hops: usize,
+    endpoint: &str,
+) -> Option<Hop<'s>> {
+    if hops >= Fallback::MAX_HOPS {
+        return None;
+    }
+    route.decl.fallbacks.iter().filter(|f| f.on.contains(condition)).find_map(|f| {
+        let (next, label) = snapshot.routed(&f.model)?;
+        if next.decl.key.namespace != route.decl.key.namespace {
+            tracing::warn!(route = %route.label, fallback = %f.model, "fallback model is served in another namespace; not followed");
+            return None;
+        }
+        if !next.endpoints.contains(endpoint) {
+            tracing::warn!(route = %route.label, fallback = %f.model, endpoint, "fallback model's route does not serve the endpoint; not followed");
+            return None;
+        }
+        let labels = FallbackLabels { route: route.label.clone(), fallback_model: label.clone(), condition: condition.name() };
+        sluice_telemetry::metrics().fallbacks.get_or_create(&labels).inc();
+        Some(Hop { route: next, label, model: f.model.clone() })
+    })
+}
