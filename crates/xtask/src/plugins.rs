@@ -6,8 +6,8 @@
 //!   They are built for wasm32-unknown-unknown and made components here:
 //!   they use nothing but the host interface, and without the WASI that
 //!   Rust's wasip2 std imports, a fresh instance's p99 is about a quarter
-//!   lower (6 core instances to make instead of 20; README, "What one
-//!   plugin costs, alone"). A package that needs WASI says so with
+//!   lower (6 core instances to make instead of 20; tests/bench/README.md,
+//!   "What one plugin costs, alone"). A package that needs WASI says so with
 //!   `[package.metadata.sluice] wasi = true` and is built for wasm32-wasip2.
 //! - The decorator-lite examples in plugins/examples/{rust,python,js,c}
 //!   become `example-<language>.wasm`. The Python, JavaScript and C builds

@@ -119,8 +119,8 @@ pub struct Args {
     #[arg(long)]
     sluice_binary: Option<std::path::PathBuf>,
     /// Measure nothing: pool the round-by-round tables of these results
-    /// files, per system and paired within rounds (runs are pooled in the
-    /// README this way).
+    /// files, per system and paired within rounds (runs are pooled in
+    /// tests/bench/README.md this way).
     #[arg(long, num_args = 1.., value_name = "RESULTS_FILE")]
     pool: Vec<PathBuf>,
 }
