@@ -11,6 +11,10 @@
 //! `SLUICE_BENCH_PLUGINS=context-trim,auth` measures only those, and
 //! `SLUICE_BENCH_SECONDS=10` each figure for longer (to profile one).
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -10,8 +10,9 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use sluice_oci::{Credentials, OciError, Origin, PullCredentials, PullPolicy, Reference, RegistryOptions};
@@ -150,7 +151,7 @@ impl Liar {
     }
 
     fn answer(&self, path: &str, answer: Answer) {
-        self.answers.lock().unwrap().insert(path.to_string(), answer);
+        self.answers.lock().insert(path.to_string(), answer);
     }
 
     /// Serves `manifest` (JSON) for `repository:tag` and for its digest.
@@ -185,12 +186,12 @@ impl Liar {
     }
 
     fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+        self.seen.lock().clone()
     }
 
     /// Body bytes written so far for requests to `path` (query excluded).
     fn sent(&self, path: &str) -> u64 {
-        self.sent.lock().unwrap().get(path).copied().unwrap_or(0)
+        self.sent.lock().get(path).copied().unwrap_or(0)
     }
 }
 
@@ -224,10 +225,10 @@ fn serve(
             }
         }
         let authorization = headers.get("authorization").cloned();
-        seen.lock().unwrap().push(Seen { method: method.clone(), path: path.clone(), headers });
+        seen.lock().push(Seen { method: method.clone(), path: path.clone(), headers });
         let bare = path.split('?').next().unwrap_or_default().to_string();
         let answer = {
-            let answers = answers.lock().unwrap();
+            let answers = answers.lock();
             match answers.get(&path).or_else(|| answers.get(&bare)) {
                 Some(answer) => answer.clone(),
                 None if path == "/v2/" => Answer::status(200),
@@ -256,7 +257,7 @@ fn serve(
             return;
         }
         if method != "HEAD" {
-            let count = |n: usize| *sent.lock().unwrap().entry(bare.clone()).or_default() += n as u64;
+            let count = |n: usize| *sent.lock().entry(bare.clone()).or_default() += n as u64;
             let written = match &answer.body {
                 Body::Bytes(bytes) => stream.write_all(bytes).map(|()| count(bytes.len())),
                 Body::Repeat { byte, len } => {

@@ -1,5 +1,9 @@
 //! The `sluice run` process under test.
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

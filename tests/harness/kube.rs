@@ -18,15 +18,20 @@
 //! (the signal follows the thread that forked, not the process, and each
 //! test runs on a thread of its own).
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -574,7 +579,7 @@ async fn http_status(port: u16, path: &str) -> Option<u16> {
 }
 
 fn lock(child: &Mutex<Option<Child>>) -> MutexGuard<'_, Option<Child>> {
-    child.lock().unwrap_or_else(PoisonError::into_inner)
+    child.lock()
 }
 
 /// The exit status if the process has exited (and forgets it then).

@@ -7,9 +7,10 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -160,12 +161,12 @@ struct Stats {
 impl Stats {
     fn completed(&self, handshake: Handshake) {
         self.completed.fetch_add(1, Ordering::SeqCst);
-        push_bounded(&mut self.recent.lock().expect("the stats lock").0, handshake);
+        push_bounded(&mut self.recent.lock().0, handshake);
     }
 
     fn failed(&self, error: String) {
         self.failed.fetch_add(1, Ordering::SeqCst);
-        push_bounded(&mut self.recent.lock().expect("the stats lock").1, error);
+        push_bounded(&mut self.recent.lock().1, error);
     }
 }
 
@@ -293,12 +294,12 @@ impl TlsUpstream {
 
     /// The most recent completed handshakes, oldest first.
     pub fn completed(&self) -> Vec<Handshake> {
-        self.stats.recent.lock().expect("the stats lock").0.iter().cloned().collect()
+        self.stats.recent.lock().0.iter().cloned().collect()
     }
 
     /// Why the most recent failed handshakes failed, oldest first.
     pub fn handshake_errors(&self) -> Vec<String> {
-        self.stats.recent.lock().expect("the stats lock").1.iter().cloned().collect()
+        self.stats.recent.lock().1.iter().cloned().collect()
     }
 }
 

@@ -8,9 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use futures_util::stream::{self, BoxStream};
 use futures_util::{FutureExt as _, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
@@ -167,7 +168,7 @@ impl Feed {
                 routes = desired.routes.len(),
                 "publishing desired config"
             );
-            published.lock().expect("published lock").by_revision.insert(desired.revision, Arc::new(generations));
+            published.lock().by_revision.insert(desired.revision, Arc::new(generations));
             if updates.send(Some(ConfigUpdate::Desired(desired))).is_err() {
                 return;
             }

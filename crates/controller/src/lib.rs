@@ -17,9 +17,10 @@ mod tenancy;
 mod translate;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use sluice_core::{ConfigUpdate, LoadReport};

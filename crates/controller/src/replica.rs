@@ -15,9 +15,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -206,7 +207,7 @@ pub async fn heartbeat(
     tokio::pin!(shutdown);
     loop {
         let load = reports.borrow_and_update().clone();
-        let generations = published.lock().expect("published lock").generations(load.revision);
+        let generations = published.lock().generations(load.revision);
         if let Some(generations) = generations {
             report = ReplicaReport::from_load(&load, &generations);
         }
@@ -364,12 +365,12 @@ impl Reports {
         let Some(identity) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()) else { return false };
         let Some(heartbeat) = self.get(&lease_name(&identity)) else { return false };
         let Some(head) = annotation(&heartbeat) else { return false };
-        if self.assembled.lock().expect("reports lock").get(&identity).is_some_and(|(text, _)| text == head) {
+        if self.assembled.lock().get(&identity).is_some_and(|(text, _)| text == head) {
             return false;
         }
         // Until every part is there, the last whole report stands.
         let Some(report) = assemble(&heartbeat, |name| self.get(name)) else { return false };
-        let mut assembled = self.assembled.lock().expect("reports lock");
+        let mut assembled = self.assembled.lock();
         let changed = assembled.get(&identity).is_none_or(|(_, old)| **old != report);
         assembled.insert(identity, (head.to_string(), Arc::new(report)));
         changed
@@ -386,7 +387,7 @@ impl Reports {
 
     /// The reports of replicas whose heartbeat is current, by identity.
     pub fn live(&self, now: Timestamp) -> BTreeMap<String, Arc<ReplicaReport>> {
-        let mut assembled = self.assembled.lock().expect("reports lock");
+        let mut assembled = self.assembled.lock();
         assembled.retain(|identity, _| self.get(&lease_name(identity)).is_some());
         assembled
             .iter()

@@ -10,8 +10,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
+use parking_lot::RwLock;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
@@ -50,10 +51,10 @@ impl ReferencedSecrets {
     pub async fn sync(&self, wanted: &HashSet<Key>, prune: bool) -> bool {
         if prune {
             // Forgetting changes nothing a translation can see: nothing names these.
-            self.data.write().expect("secrets lock").retain(|key, _| wanted.contains(key));
+            self.data.write().retain(|key, _| wanted.contains(key));
         }
         let stale: Vec<(Key, Option<String>)> = {
-            let data = self.data.read().expect("secrets lock");
+            let data = self.data.read();
             wanted
                 .iter()
                 .filter_map(|key| {
@@ -76,7 +77,7 @@ impl ReferencedSecrets {
             .collect::<Vec<_>>()
             .await;
         let mut all_fetched = true;
-        let mut data = self.data.write().expect("secrets lock");
+        let mut data = self.data.write();
         let mut changed = false;
         for (key, fetched) in fetches {
             match fetched {
@@ -121,7 +122,7 @@ pub fn slim(mut secret: Secret) -> Secret {
 
 impl translate::Secrets for ReferencedSecrets {
     fn get(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
-        let data = self.data.read().expect("secrets lock");
+        let data = self.data.read();
         data.get(&(namespace.to_string(), name.to_string())).map(|(_, secret)| secret.clone())
     }
 }

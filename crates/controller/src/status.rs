@@ -5,9 +5,10 @@
 //! differs, and records an Event on each transition.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -179,7 +180,7 @@ fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ct
         object.meta().namespace.clone().unwrap_or_default(),
         object.meta().name.clone().unwrap_or_default()
     );
-    let mut failures = ctx.failures.lock().expect("failures lock");
+    let mut failures = ctx.failures.lock();
     let count = failures.entry(key.clone()).or_insert(0);
     *count = (*count + 1).min(8);
     // 1 s doubling to about 4 minutes.
@@ -280,7 +281,7 @@ impl Context {
         // Read before the stores: a change that lands meanwhile moves it on,
         // so what is cached under it is never older than it says.
         let version = self.stores.version();
-        if let Some((cached, conflicts)) = &*self.conflicts.lock().expect("conflicts lock")
+        if let Some((cached, conflicts)) = &*self.conflicts.lock()
             && *cached == version
         {
             return conflicts.clone();
@@ -298,12 +299,12 @@ impl Context {
             .collect();
         let pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
         let conflicts = Arc::new(translate::model_conflicts(&pairs));
-        *self.conflicts.lock().expect("conflicts lock") = Some((version, conflicts.clone()));
+        *self.conflicts.lock() = Some((version, conflicts.clone()));
         conflicts
     }
 
     fn succeeded(&self, key: &str) {
-        self.failures.lock().expect("failures lock").remove(key);
+        self.failures.lock().remove(key);
     }
 
     /// Events on the transitions of `Ready`, and on a module swap.

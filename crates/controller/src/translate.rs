@@ -2,7 +2,7 @@
 //! functions over what the watches hold, so every replica computes the same
 //! desired config, and the leader the same conditions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -10,7 +10,8 @@ use kube::ResourceExt;
 use serde_json::Value;
 use sluice_api::{AIModelRoute, GatewayPlugin, SecretKeySelector, ValueFormat};
 use sluice_core::{
-    ApiKeySource, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey, RouteDecl, reason,
+    ApiKeySource, ModelConflict, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey, RouteDecl,
+    reason,
 };
 
 use crate::Tenancy;
@@ -252,29 +253,22 @@ fn host_file(tenancy: &Tenancy, field: &str, file: &str) -> Result<(), Problem> 
 
 /// Routes that claim a model an older route already claims lose it: they are
 /// not served, and say why. Age is creation time, then name, so every
-/// replica decides the same way.
+/// replica decides the same way; the rule itself is core's.
 pub fn model_conflicts(routes: &[(&AIModelRoute, &RouteDecl)]) -> HashMap<ResourceKey, Problem> {
     let mut by_age: Vec<_> = routes.iter().collect();
     by_age.sort_by_key(|(route, decl)| (route.creation_timestamp().map(|t| t.0), decl.key.clone()));
-    let mut owner: BTreeMap<&str, &ResourceKey> = BTreeMap::new();
-    let mut conflicts = HashMap::new();
-    for (_, decl) in by_age {
-        if let Some((model, older)) = decl.models.iter().find_map(|m| owner.get(m.as_str()).map(|o| (m, *o))) {
-            conflicts.insert(
-                decl.key.clone(),
-                Problem {
-                    condition: Condition::Accepted,
-                    reason: reason::MODEL_CONFLICT,
-                    message: format!("model `{model}` is already served by the older AIModelRoute {older}"),
-                },
-            );
-            continue;
-        }
-        for model in &decl.models {
-            owner.insert(model, &decl.key);
-        }
-    }
+    let conflicts = sluice_core::config::model_conflicts(by_age.into_iter().map(|(_, decl)| *decl));
     conflicts
+        .into_iter()
+        .map(|ModelConflict { route, model, owner }| {
+            let problem = Problem {
+                condition: Condition::Accepted,
+                reason: reason::MODEL_CONFLICT,
+                message: format!("model `{model}` is already served by the older AIModelRoute {owner}"),
+            };
+            (route, problem)
+        })
+        .collect()
 }
 
 fn secret_text(secrets: &impl Secrets, namespace: &str, selector: &SecretKeySelector) -> Result<String, Problem> {

@@ -388,23 +388,52 @@ impl DesiredConfig {
             }
         }
         let mut seen_routes = HashMap::new();
-        let mut model_owner: HashMap<&str, &ResourceKey> = HashMap::new();
+        let mut unique = Vec::new();
         for route in &self.routes {
             if seen_routes.insert(&route.key, ()).is_some() {
                 errors.push(ResourceError::new(format!("AIModelRoute {}", route.key), "declared more than once"));
-                continue;
+            } else {
+                unique.push(route);
             }
-            for model in &route.models {
-                if let Some(owner) = model_owner.insert(model, &route.key) {
-                    errors.push(ResourceError::new(
-                        format!("AIModelRoute {}", route.key),
-                        format!("model `{model}` is already served by AIModelRoute {owner}"),
-                    ));
-                }
-            }
+        }
+        for ModelConflict { route, model, owner } in model_conflicts(unique) {
+            errors.push(ResourceError::new(
+                format!("AIModelRoute {route}"),
+                format!("model `{model}` is already served by AIModelRoute {owner}"),
+            ));
         }
         errors
     }
+}
+
+/// A route that claims a model an earlier route already serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelConflict {
+    pub route: ResourceKey,
+    pub model: String,
+    pub owner: ResourceKey,
+}
+
+/// Which routes serve their models: the one rule, for every config source.
+/// Routes come in the order of precedence their source defines (the
+/// controller: oldest first, then by name; a config directory: the order its
+/// files declare them); a route that claims any model an earlier route
+/// serves serves none of its models. Given the same routes in the same
+/// order, every replica decides the same way. The routes not in the result
+/// serve all their models.
+pub fn model_conflicts<'a>(routes: impl IntoIterator<Item = &'a RouteDecl>) -> Vec<ModelConflict> {
+    let mut owner: HashMap<&str, &ResourceKey> = HashMap::new();
+    let mut conflicts = Vec::new();
+    for route in routes {
+        if let Some((model, older)) = route.models.iter().find_map(|m| owner.get(m.as_str()).map(|o| (m, *o))) {
+            conflicts.push(ModelConflict { route: route.key.clone(), model: model.clone(), owner: older.clone() });
+            continue;
+        }
+        for model in &route.models {
+            owner.insert(model, &route.key);
+        }
+    }
+    conflicts
 }
 
 #[cfg(test)]
@@ -444,6 +473,21 @@ mod tests {
         assert_eq!((error.status, error.code), (404, "unsupported_endpoint"));
         assert!(error.message.contains("/v1/responses") && error.message.ends_with("/v1/chat/completions"));
         assert_eq!(serde_json::to_value(two).unwrap(), serde_json::json!(["/v1/chat/completions", "/v1/responses"]));
+    }
+
+    #[test]
+    fn a_route_that_loses_one_model_serves_none_and_claims_none() {
+        let routes = [route("a", &["m1"]), route("b", &["m1", "m2"]), route("c", &["m2"])];
+        let conflicts = model_conflicts(&routes);
+        let key = |name| ResourceKey::new("default", name);
+        assert_eq!(
+            conflicts,
+            vec![ModelConflict { route: key("b"), model: "m1".into(), owner: key("a") }],
+            "c serves m2: b, which lost m1, claims nothing"
+        );
+        let reversed: Vec<_> = routes.iter().rev().collect();
+        let owners: Vec<_> = model_conflicts(reversed).into_iter().map(|c| (c.route, c.owner)).collect();
+        assert_eq!(owners, vec![(key("b"), key("c"))], "the order given is the precedence");
     }
 
     #[test]

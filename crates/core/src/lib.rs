@@ -12,8 +12,8 @@ pub mod routing;
 
 pub use backends::{BackendPolicy, Cidr};
 pub use config::{
-    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, Phase, PluginDecl, PluginSource,
-    PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
+    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, ModelConflict, Phase, PluginDecl,
+    PluginSource, PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret,
 };
 pub use error::{ApiError, ErrorType};
 pub use redact::Redactions;

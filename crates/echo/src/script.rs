@@ -6,9 +6,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use http::{HeaderValue, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -209,9 +210,7 @@ impl Script {
     }
 
     fn plan(&self) -> MutexGuard<'_, Plan> {
-        // A panic while holding the lock leaves the plan consistent: every
-        // change is a single assignment or push.
-        self.0.plan.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.plan.lock()
     }
 }
 

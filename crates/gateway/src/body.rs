@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use sluice_core::ApiError;
@@ -129,7 +130,7 @@ impl ResponseBuffers {
     /// only the budget applies).
     pub fn hold(&self, backend: Option<&str>) -> Held {
         let backend = backend.map(|label| {
-            let mut backends = self.inner.backends.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut backends = self.inner.backends.lock();
             if let Some(account) = backends.get(label).and_then(Weak::upgrade) {
                 return account;
             }

@@ -356,7 +356,7 @@ enum Applied {
 pub(crate) struct PeerShares {
     /// Requests one address may hold; `None` when that is all of them.
     share: Option<usize>,
-    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    held: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
 }
 
 impl PeerShares {
@@ -369,7 +369,7 @@ impl PeerShares {
     /// The share this peer's request needs, if it is within the share.
     pub(crate) fn take(self: &Arc<Self>, peer: std::net::IpAddr) -> Result<Option<PeerShare>, usize> {
         let Some(share) = self.share else { return Ok(None) };
-        let Ok(mut held) = self.held.lock() else { return Ok(None) };
+        let mut held = self.held.lock();
         let count = held.entry(peer).or_default();
         if *count >= share {
             return Err(share);
@@ -387,8 +387,8 @@ pub(crate) struct PeerShare {
 
 impl Drop for PeerShare {
     fn drop(&mut self) {
-        if let Ok(mut held) = self.shares.held.lock()
-            && let Some(count) = held.get_mut(&self.peer)
+        let mut held = self.shares.held.lock();
+        if let Some(count) = held.get_mut(&self.peer)
         {
             *count -= 1;
             if *count == 0 {

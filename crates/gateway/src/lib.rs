@@ -1,7 +1,9 @@
 //! The Sluice data plane: serves the OpenAI API, runs each route's plugin
 //! chain, and forwards to OpenAI-compatible upstreams. Configuration arrives
-//! from a config [`source`] and is served from an immutable [`Snapshot`]
-//! swapped atomically, so a request runs start to end on one version.
+//! from a config source (`sluice-standalone`'s files, `sluice-controller`'s
+//! feed) as [`sluice_core::ConfigUpdate`]s and is served from an immutable
+//! [`Snapshot`] swapped atomically, so a request runs start to end on one
+//! version. No Kubernetes type is compiled here.
 
 mod admin;
 mod balance;
@@ -18,7 +20,6 @@ mod proxy;
 mod response;
 mod server;
 mod snapshot;
-pub mod source;
 mod sse;
 mod target;
 mod upstream;
@@ -28,4 +29,3 @@ pub use body::ResponseBuffers;
 pub use gateway::{Gateway, Settings};
 pub use server::{serve_admin, serve_data_plane, serve_metrics, serve_probes};
 pub use snapshot::{BuildReport, Snapshot};
-pub use source::{ConfigUpdate, FileSource};

@@ -2,6 +2,10 @@
 //! snapshots) yields the CPU to requests: its threads run at a lower
 //! priority, so a config change under load costs requests little latency.
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 /// The nice value of background threads: at 10 a busy request thread gets
 /// about nine times their share of a contended core, yet background work
 /// still finishes under sustained load (at 19 it could all but stop).

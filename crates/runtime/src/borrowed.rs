@@ -9,6 +9,10 @@
 //! guest's memory onto the stack (the store's memory and its data cannot be
 //! borrowed at once), and only a value that is kept becomes a `String`.
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 use std::borrow::Cow;
 
 use wasmtime::StoreContextMut;

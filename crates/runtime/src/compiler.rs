@@ -10,6 +10,10 @@
 //! cache. A new engine costs microseconds (debug build: 4 µs once the host
 //! is probed) beside a compile's tens to hundreds of milliseconds.
 
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
+
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 

@@ -2,8 +2,9 @@
 //! and escaped so they cannot start a line of their own (log forging) or
 //! drive a terminal, at a rate a plugin cannot turn into a flood.
 
-use std::sync::Mutex;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 /// The longest message written, in bytes; the rest is cut.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
@@ -90,7 +91,7 @@ impl RateLimit {
     }
 
     pub fn admit(&self, now: Instant) -> Admit {
-        let mut bucket = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bucket = self.state.lock();
         let refill = now.saturating_duration_since(bucket.last).as_secs_f64() * self.rate;
         bucket.tokens = (bucket.tokens + refill).min(2.0 * self.rate);
         bucket.last = now;

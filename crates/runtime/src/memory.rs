@@ -9,9 +9,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use sluice_telemetry::metrics::Gauge;
 use sluice_telemetry::metrics::{GuestMemoryRefusalLabels, NamespaceLabels};
 
@@ -137,7 +138,7 @@ impl GuestMemory {
 
     /// The share of `plugin` (`namespace/name`), made on first use.
     pub fn share_of(&self, plugin: &str) -> Arc<PluginShare> {
-        let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut plugins = self.plugins.lock();
         if let Some(share) = plugins.get(plugin).and_then(Weak::upgrade) {
             return share;
         }
@@ -150,7 +151,7 @@ impl GuestMemory {
     }
 
     fn namespace(&self, name: &str) -> Arc<Namespace> {
-        let mut namespaces = self.namespaces.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut namespaces = self.namespaces.lock();
         if let Some(namespace) = namespaces.get(name).and_then(Weak::upgrade) {
             return namespace;
         }
@@ -171,7 +172,7 @@ impl GuestMemory {
     /// Registers a `Reused` plugin's idle instances, to be evicted when
     /// memory is short.
     pub fn register_idle(&self, pool: Weak<dyn IdlePool>) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = self.idle.lock();
         idle.retain(|pool| pool.strong_count() > 0);
         idle.push(pool);
     }
@@ -213,7 +214,7 @@ impl GuestMemory {
     /// there was one.
     fn evict_one(&self, refused: Refused, share: &Arc<PluginShare>) -> bool {
         let pools: Vec<Arc<dyn IdlePool>> = {
-            let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let idle = self.idle.lock();
             idle.iter().filter_map(Weak::upgrade).collect()
         };
         let relevant = |pool: &&Arc<dyn IdlePool>| match refused {
@@ -399,10 +400,10 @@ mod tests {
 
     impl IdlePool for Pool {
         fn oldest(&self) -> Option<Instant> {
-            self.idle.lock().unwrap().first().map(|(since, _)| *since)
+            self.idle.lock().first().map(|(since, _)| *since)
         }
         fn evict_oldest(&self) -> bool {
-            let mut idle = self.idle.lock().unwrap();
+            let mut idle = self.idle.lock();
             (!idle.is_empty()).then(|| idle.remove(0)).is_some()
         }
         fn share(&self) -> &Arc<PluginShare> {
@@ -421,16 +422,16 @@ mod tests {
         for (pool, plugin) in [(&a, "t/a"), (&b, "u/b")] {
             let mut idle = MemoryLimiter::new(64 * MIB, budget.clone(), plugin);
             assert!(idle.memory_growing(0, 40 * MIB, None).unwrap());
-            pool.idle.lock().unwrap().push((Instant::now(), idle));
+            pool.idle.lock().push((Instant::now(), idle));
             let weak: Weak<dyn IdlePool> = Arc::downgrade(&(pool.clone() as Arc<dyn IdlePool>));
             budget.register_idle(weak);
         }
         let mut live = MemoryLimiter::new(64 * MIB, budget.clone(), "v/c");
         assert!(live.memory_growing(0, 30 * MIB, None).unwrap(), "idle memory turned a live instance away");
-        assert!(a.idle.lock().unwrap().is_empty(), "the least recently used went first");
-        assert_eq!(b.idle.lock().unwrap().len(), 1, "only as much was evicted as needed");
+        assert!(a.idle.lock().is_empty(), "the least recently used went first");
+        assert_eq!(b.idle.lock().len(), 1, "only as much was evicted as needed");
         assert!(live.memory_growing(30 * MIB, 64 * MIB, None).unwrap());
-        assert!(b.idle.lock().unwrap().is_empty(), "the next least recently used went next");
+        assert!(b.idle.lock().is_empty(), "the next least recently used went next");
         assert_eq!(budget.used(), 64 * MIB);
         // Busy memory is not evicted.
         let mut busy = MemoryLimiter::new(64 * MIB, budget.clone(), "w/d");

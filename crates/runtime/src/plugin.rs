@@ -1,8 +1,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sluice_core::Isolation;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -136,7 +137,7 @@ impl PluginModule {
     /// the plugins configured alike, or started now.
     fn snapshot(self: &Arc<Self>, plugin: &ConfiguredPlugin) -> Arc<Snapshot> {
         let key = (plugin.config.clone(), plugin.limits.max_memory_bytes);
-        let mut snapshots = self.snapshots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut snapshots = self.snapshots.lock();
         snapshots.retain(|_, snapshot| snapshot.strong_count() > 0);
         if let Some(snapshot) = snapshots.get(&key).and_then(Weak::upgrade) {
             return snapshot;
@@ -291,7 +292,7 @@ impl ConfiguredPlugin {
     /// Its instances serving requests now, and those idle waiting for one.
     pub fn instances(&self) -> (usize, usize) {
         let in_use = self.module.shared.max_instances_per_plugin.saturating_sub(self.busy.available_permits());
-        let idle = self.idle.instances.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let idle = self.idle.instances.lock().len();
         (in_use, idle)
     }
 
@@ -437,22 +438,22 @@ impl Idle {
     }
 
     fn push(&self, live: Live) {
-        self.instances.lock().unwrap_or_else(PoisonError::into_inner).push((Instant::now(), live));
+        self.instances.lock().push((Instant::now(), live));
     }
 
     /// The most recently used: its pages are the likeliest still resident.
     fn pop(&self) -> Option<Live> {
-        self.instances.lock().unwrap_or_else(PoisonError::into_inner).pop().map(|(_, live)| live)
+        self.instances.lock().pop().map(|(_, live)| live)
     }
 }
 
 impl IdlePool for Idle {
     fn oldest(&self) -> Option<Instant> {
-        self.instances.lock().unwrap_or_else(PoisonError::into_inner).first().map(|(since, _)| *since)
+        self.instances.lock().first().map(|(since, _)| *since)
     }
 
     fn evict_oldest(&self) -> bool {
-        let mut instances = self.instances.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut instances = self.instances.lock();
         if instances.is_empty() {
             return false;
         }
@@ -541,7 +542,7 @@ impl Drop for PluginInstance {
             return;
         }
         if let (Some(home), Some(live)) = (&self.home, self.live.take()) {
-            let mut idle = home.idle.instances.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut idle = home.idle.instances.lock();
             if idle.len() < home.max_idle {
                 idle.push((Instant::now(), live));
                 return;

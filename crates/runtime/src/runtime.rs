@@ -1,9 +1,13 @@
+// Calls that need `unsafe`, each block with a SAFETY: comment saying why
+// it is sound (clippy::undocumented_unsafe_blocks checks there is one).
+#![allow(unsafe_code)]
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -225,7 +229,7 @@ impl Runtime {
     }
 
     fn compile_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.inner.compiling.lock().unwrap_or_else(|e| e.into_inner());
+        let mut locks = self.inner.compiling.lock();
         locks.retain(|_, lock| lock.strong_count() > 0);
         if let Some(lock) = locks.get(digest).and_then(Weak::upgrade) {
             return lock;
@@ -236,7 +240,7 @@ impl Runtime {
     }
 
     fn cached(&self, digest: &str) -> Option<Arc<PluginModule>> {
-        let modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let modules = self.inner.modules.lock();
         modules.get(digest).and_then(Weak::upgrade)
     }
 
@@ -260,7 +264,7 @@ impl Runtime {
         let linker = crate::wasi::restrict(&self.inner.linker, &component).map_err(incompatible)?;
         let pre = PluginPre::new(&linker, &component).map_err(incompatible)?;
         let module = Arc::new(PluginModule::new(digest.to_string(), pre, linker, bytes, self.inner.shared.clone()));
-        let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut modules = self.inner.modules.lock();
         modules.retain(|_, m| m.strong_count() > 0);
         modules.insert(digest.to_string(), Arc::downgrade(&module));
         Ok(module)

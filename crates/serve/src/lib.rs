@@ -30,9 +30,10 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -366,11 +367,11 @@ impl Activity {
         self.served.store(true, Ordering::Release);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let owed = Arc::new(AtomicU64::new(0));
-        if let Ok(mut all) = self.owed.lock() {
-            // Requests that ended hold no other reference.
-            all.retain(|owed| Arc::strong_count(owed) > 1);
-            all.push(owed.clone());
-        }
+        let mut all = self.owed.lock();
+        // Requests that ended hold no other reference.
+        all.retain(|owed| Arc::strong_count(owed) > 1);
+        all.push(owed.clone());
+        drop(all);
         InFlight { activity: self.clone(), owed }
     }
 
@@ -384,7 +385,7 @@ impl Activity {
 
     /// Whether some response has waited for the client for `timeout`.
     fn stalled(&self, timeout: Duration) -> bool {
-        let Ok(all) = self.owed.lock() else { return false };
+        let all = self.owed.lock();
         let oldest = all.iter().map(|owed| owed.load(Ordering::Acquire)).filter(|&since| since > 0).min();
         oldest.is_some_and(|since| self.now_ms() + 1 >= since + timeout.as_millis() as u64)
     }

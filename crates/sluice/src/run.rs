@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sluice_gateway::{FileSource, Gateway, Settings};
+use sluice_gateway::{Gateway, Settings};
+use sluice_standalone::FileSource;
 use sluice_runtime::{Runtime, RuntimeConfig};
 use sluice_serve::Limits;
 use tokio::net::TcpListener;
@@ -475,7 +476,7 @@ fn backend_policy(args: &RunArgs) -> sluice_core::BackendPolicy {
 async fn start_config_source(
     args: &RunArgs,
     gateway: &Gateway,
-    updates: watch::Sender<Option<sluice_gateway::ConfigUpdate>>,
+    updates: watch::Sender<Option<sluice_core::ConfigUpdate>>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
     if let Some(config) = &args.config {

@@ -9,10 +9,11 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
@@ -65,7 +66,7 @@ static ACCESS_LOG: AtomicBool = AtomicBool::new(false);
 impl Buffer {
     /// Appends whole lines, or drops them if the buffer is full.
     fn push(&self, lines: &[u8]) {
-        let mut buffer = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buffer = self.lines.lock();
         if buffer.len() + lines.len() > MAX_BUFFERED_BYTES {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -76,7 +77,7 @@ impl Buffer {
     /// Writes out what is buffered, with a line for what was dropped.
     fn flush(&self, spare: &mut Vec<u8>) {
         {
-            let mut buffer = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut buffer = self.lines.lock();
             std::mem::swap(&mut *buffer, spare);
         }
         let dropped = self.dropped.swap(0, Ordering::Relaxed);

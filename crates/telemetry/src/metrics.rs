@@ -9,9 +9,10 @@
 //! count as `other`.
 
 use std::collections::HashSet;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -536,8 +537,8 @@ pub fn status_class(status: u16) -> &'static str {
 struct Caps(Mutex<Capped>);
 
 impl Caps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Capped> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Capped> {
+        self.0.lock()
     }
 }
 

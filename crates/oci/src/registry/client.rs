@@ -2,8 +2,9 @@
 //! per-key locks that the pull, push and inspect sides share.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use oci_client::secrets::RegistryAuth;
 
 use super::transport::Transport;
@@ -63,7 +64,7 @@ impl Registry {
 
     pub(super) async fn lock(&self, key: String) -> tokio::sync::OwnedMutexGuard<()> {
         let mutex = {
-            let mut locks = self.inner.locks.lock().expect("locks lock");
+            let mut locks = self.inner.locks.lock();
             if locks.len() > 256 {
                 locks.retain(|_, lock| lock.strong_count() > 0);
             }

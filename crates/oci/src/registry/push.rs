@@ -152,7 +152,8 @@ fn progress_stream(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
+    use parking_lot::Mutex;
 
     use super::super::types::RegistryOptions;
     use super::*;
@@ -171,11 +172,11 @@ mod tests {
     async fn progress_pieces_cover_the_module_and_end_at_the_total() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = seen.clone();
-        let progress: Progress = Arc::new(move |sent, total| record.lock().unwrap().push((sent, total)));
+        let progress: Progress = Arc::new(move |sent, total| record.lock().push((sent, total)));
         let data = Bytes::from(vec![1u8; PUSH_PIECE_BYTES * 2 + 10]);
         let pieces: Vec<Bytes> = progress_stream(data.clone(), Some(progress)).map(|p| p.unwrap()).collect().await;
         assert_eq!(pieces.concat(), data.to_vec());
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert_eq!(seen.len(), 3);
         assert_eq!(*seen.last().unwrap(), (data.len() as u64, data.len() as u64));
     }

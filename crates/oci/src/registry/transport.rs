@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
@@ -97,7 +97,7 @@ impl Transport {
         auth: RegistryAuth,
     ) -> Result<(oci_client::Client, RegistryAuth), OciError> {
         let registry = reference.registry().to_string();
-        if let Some((known, client)) = self.clients.lock().expect("clients lock").get(&registry)
+        if let Some((known, client)) = self.clients.lock().get(&registry)
             && *known == auth
         {
             return Ok((client.clone(), auth));
@@ -119,7 +119,7 @@ impl Transport {
         };
         let client = oci_client::Client::try_from(config).map_err(|e| OciError::Tls(e.to_string()))?;
         client.store_auth_if_needed(reference.as_oci().resolve_registry(), &auth).await;
-        self.clients.lock().expect("clients lock").insert(registry, (auth.clone(), client.clone()));
+        self.clients.lock().insert(registry, (auth.clone(), client.clone()));
         Ok((client, auth))
     }
 
@@ -217,14 +217,14 @@ impl Session<'_> {
 
     /// A GET that logs in when challenged, and fails on an error status.
     async fn get(&self, url: &str, accept: &str, what: &str) -> Result<reqwest::Response, OciError> {
-        let remembered = self.transport.logins.lock().expect("logins lock").get(&self.key).cloned();
+        let remembered = self.transport.logins.lock().get(&self.key).cloned();
         let mut response = self.send(url, accept, remembered.as_ref(), what).await?;
         if response.status() == StatusCode::UNAUTHORIZED
             && let Some(login) = self.login(&response).await?
         {
             response = self.send(url, accept, Some(&login), what).await?;
             if response.status().is_success() {
-                let mut logins = self.transport.logins.lock().expect("logins lock");
+                let mut logins = self.transport.logins.lock();
                 if logins.len() >= MAX_LOGINS {
                     logins.clear();
                 }

@@ -1,5 +1,11 @@
-//! Standalone mode: GatewayPlugin and AIModelRoute YAML in a directory, as
-//! they would be applied to a cluster.
+//! Standalone mode's config source: GatewayPlugin and AIModelRoute YAML in
+//! a directory, as they would be applied to a cluster.
+//!
+//! A source publishes the whole desired state on a watch channel, the
+//! latest only: [`FileSource`] here, and the Kubernetes feed in
+//! `sluice-controller`. Both have the same shape, an
+//! `async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>)`, and
+//! neither is part of the data plane, which so compiles no Kubernetes types.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,10 +38,12 @@ impl FileSource {
     /// Publishes the directory's desired config, then again after every
     /// change, until the receiving side is dropped.
     pub async fn run(self, updates: watch::Sender<Option<ConfigUpdate>>) {
-        let (events_tx, mut events) = mpsc::unbounded_channel();
+        // A wake-up, not a queue: every read is of the whole directory, so
+        // one pending event stands for any number.
+        let (events_tx, mut events) = mpsc::channel(1);
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if event.is_ok_and(|event| changes_files(&event.kind)) {
-                let _ = events_tx.send(());
+                let _ = events_tx.try_send(());
             }
         });
         // Without a watcher, polling alone still picks up every change.
