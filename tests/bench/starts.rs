@@ -5,8 +5,8 @@
 //! compiled modules loaded from it). Measured from spawning `sluice run` to
 //! /readyz answering 200, to the first 200 through the route (its work
 //! checked), and to every plugin starting its instances from a snapshot
-//! (/admin/config's `instancesStartFrom`), polling every 2 ms. Issue 13's
-//! goal: serving within 100 ms, warm.
+//! (/admin/config's `instancesStartFrom`), polling every 2 ms. The goal:
+//! serving within 100 ms, warm.
 //!
 //! The harness's `Gateway::start_with` waits for readiness itself, so this
 //! bench spawns the binary (`sluice_binary()`) on its own.
@@ -123,7 +123,7 @@ async fn measure() {
     }
     let warm_first = median(warm.iter().map(|s| s.first_200));
     let verdict = if warm_first <= Duration::from_millis(100) { "met" } else { "not met" };
-    println!("\nGoal (issue 13): serving within 100 ms warm: {verdict} ({}).", ms(warm_first));
+    println!("\nGoal: serving within 100 ms warm: {verdict} ({}).", ms(warm_first));
     let last = warm.last().expect("at least one run");
     println!("instancesStartFrom at the end of the last warm run: {}", last.start_from.join(", "));
 }

@@ -134,10 +134,10 @@ async fn a_spinning_plugin_does_not_hold_up_other_requests() {
     assert!(gateway.is_running());
 }
 
-/// Issue 11, finding 12: a replica that cannot yet load a declared plugin
-/// for a reason that may pass (its registry is down and the cache is empty)
-/// is not Ready; one whose only problem is a permanent error in one resource
-/// is, and serves the rest.
+/// A replica that cannot yet load a declared plugin for a reason that may
+/// pass (its registry is down and the cache is empty) is not Ready; one
+/// whose only problem is a permanent error in one resource is, and serves
+/// the rest (docs/security.md, T9).
 #[tokio::test]
 async fn readyz_waits_for_transient_failures_but_not_for_permanent_ones() {
     let echo = Echo::start().await;

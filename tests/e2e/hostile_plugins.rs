@@ -1,7 +1,7 @@
-//! Plugins that attack the host from inside the sandbox (issue 12, findings
-//! 2, 5, 7 and 8): expensive host calls, blocking WASI calls, exhausting the
-//! instance pool and flooding or forging the log. Each must cost only the
-//! plugin's own requests, never the rest of the gateway.
+//! Plugins that attack the host from inside the sandbox: expensive host
+//! calls, blocking WASI calls, exhausting the instance pool and flooding or
+//! forging the log. Each must cost only the plugin's own requests, never the
+//! rest of the gateway.
 
 use std::time::{Duration, Instant};
 
@@ -40,12 +40,13 @@ fn config(echo: &Echo, plugins: &[Plugin], routes: &[(&str, &[&str])]) -> String
     documents(&docs)
 }
 
-/// Finding 2: eight requests at a time, each with a 4 MB message of random
-/// letters, through context-trim at its default 100 ms deadline. Token
-/// counting runs off the async workers and within the plugin's deadline:
-/// /healthz and a route without plugins answer promptly all along, and each
-/// trimmed request ends soon after its deadline. Before, counting ran on the
-/// async workers: /healthz stalled for seconds and requests took up to 9 s.
+/// Eight requests at a time, each with a 4 MB message of random letters,
+/// through context-trim at its default 100 ms deadline. Token counting runs
+/// off the async workers and within the plugin's deadline (docs/security.md,
+/// T7): /healthz and a route without plugins answer promptly all along, and
+/// each trimmed request ends soon after its deadline. Before, counting ran
+/// on the async workers: /healthz stalled for seconds and requests took up
+/// to 9 s.
 #[tokio::test]
 async fn healthz_and_other_routes_stay_responsive_while_tokens_are_counted() {
     let echo = Echo::start().await;
@@ -95,9 +96,10 @@ async fn healthz_and_other_routes_stay_responsive_while_tokens_are_counted() {
     assert!(slowest < Duration::from_secs(4), "8 trimmed requests took {slowest:?} together");
 }
 
-/// Finding 5: a plugin that sleeps in `configure` fails its load at its
-/// deadline instead of holding up the config: the other plugin's route is
-/// served within seconds. Before, the snapshot waited out the sleep.
+/// A plugin that sleeps in `configure` fails its load at its deadline
+/// instead of holding up the config (docs/security.md, T7): the other
+/// plugin's route is served within seconds. Before, the snapshot waited out
+/// the sleep.
 #[tokio::test]
 async fn a_plugin_sleeping_in_configure_does_not_stall_the_others() {
     let echo = Echo::start().await;
@@ -120,9 +122,10 @@ async fn a_plugin_sleeping_in_configure_does_not_stall_the_others() {
     assert!(errors.contains("sleeper"), "the sleeping plugin is reported: {errors}");
 }
 
-/// Finding 5: a plugin that sleeps while handling a request fails it at
-/// its deadline (a WASI sleep is not granted), and the gateway goes on
-/// serving. Before, the request hung for the whole 30 s sleep.
+/// A plugin that sleeps while handling a request fails it at its deadline
+/// (a WASI sleep is not granted), and the gateway goes on serving
+/// (docs/security.md, T7). Before, the request hung for the whole 30 s
+/// sleep.
 #[tokio::test]
 async fn a_plugin_sleeping_in_a_request_fails_at_its_deadline() {
     let echo = Echo::start().await;
@@ -140,10 +143,10 @@ async fn a_plugin_sleeping_in_a_request_fails_at_its_deadline() {
     assert_eq!(reply.echoed()["headers"]["x-hostile-seen"], "1");
 }
 
-/// Finding 7: with every plugin instance in use (two requests hold the two
-/// instances `--max-plugin-instances 2` allows, across their slow
-/// responses), a third request gets a 503 `overloaded` even through a
-/// `failurePolicy: Open` plugin: exhaustion never skips a plugin. Before,
+/// With every plugin instance in use (two requests hold the two instances
+/// `--max-plugin-instances 2` allows, across their slow responses), a third
+/// request gets a 503 `overloaded` even through a `failurePolicy: Open`
+/// plugin: exhaustion never skips a plugin (docs/security.md, T6). Before,
 /// the Open plugin was silently skipped (200) and a Closed one gave a 500.
 #[tokio::test]
 async fn exhausted_plugin_instances_give_a_503_and_never_skip_a_plugin() {
@@ -164,10 +167,10 @@ async fn exhausted_plugin_instances_give_a_503_and_never_skip_a_plugin() {
     assert_eq!(reply.echoed()["headers"]["x-hostile-seen"], "1");
 }
 
-/// Finding 8: a plugin cannot forge log lines (newlines and escape
-/// sequences in its message and fields are escaped) nor flood the log (past
-/// its rate, lines are dropped and counted). Before, the forged line stood
-/// on its own and all 10 000 flood lines were written.
+/// A plugin cannot forge log lines (newlines and escape sequences in its
+/// message and fields are escaped) nor flood the log (past its rate, lines
+/// are dropped and counted; docs/security.md, T8). Before, the forged line
+/// stood on its own and all 10 000 flood lines were written.
 #[tokio::test]
 async fn plugin_logs_cannot_forge_lines_or_flood() {
     let echo = Echo::start().await;

@@ -1,7 +1,7 @@
 //! What an upstream sends, and what plugins and clients add to a request,
-//! cannot get past the plugins (issue 12, findings 3, 4 and 6): a body
-//! compressed where response plugins read it, usage counts that overflow,
-//! header values plugins cannot see, plugin edits of framing headers.
+//! cannot get past the plugins: a body compressed where response plugins
+//! read it, usage counts that overflow, header values plugins cannot see,
+//! plugin edits of framing headers.
 
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -91,8 +91,9 @@ async fn guarded_gateway(upstream: SocketAddr) -> Gateway {
     Gateway::start(&dir).await
 }
 
-/// Finding 3: a client that accepts gzip made the upstream compress its
-/// answer, and response-guard, reading gzip, let the key through.
+/// Before, a client that accepted gzip made the upstream compress its
+/// answer, and response-guard, reading gzip, let the key through. Now
+/// response plugins read plain text whatever the client accepts.
 #[tokio::test]
 async fn response_plugins_read_plain_text_whatever_the_client_accepts() {
     let gateway = guarded_gateway(upstream(Upstream::GzipWhenAsked).await).await;
@@ -109,8 +110,8 @@ async fn response_plugins_read_plain_text_whatever_the_client_accepts() {
     assert!(!reply.text().contains(KEY));
 }
 
-/// Finding 4: usage counts from the upstream that overflow a u32 when
-/// added; the response still reaches the client whole.
+/// Usage counts from the upstream that overflow a u32 when added; the
+/// response still reaches the client whole (docs/security.md, B2).
 #[tokio::test]
 async fn usage_counts_that_overflow_do_not_break_the_response() {
     let upstream = upstream(Upstream::HugeUsage).await;
@@ -128,7 +129,7 @@ async fn usage_counts_that_overflow_do_not_break_the_response() {
     assert!(!gateway.log().contains("panicked"), "{}", gateway.log());
 }
 
-/// Finding 4: a header value that is not ASCII was hidden from plugins but
+/// Before, a header value that was not ASCII was hidden from plugins but
 /// forwarded. Now plugins see UTF-8 values, and a value that is not UTF-8
 /// is refused.
 #[tokio::test]
@@ -157,8 +158,8 @@ async fn plugins_see_every_header_value_that_is_forwarded() {
     assert!(response.contains("invalid_header"), "{response}");
 }
 
-/// Finding 6: a plugin's edits of framing and hop-by-hop headers are
-/// ignored; its other edits apply.
+/// A plugin's edits of framing and hop-by-hop headers are ignored; its
+/// other edits apply (docs/security.md, T8).
 #[tokio::test]
 async fn plugins_cannot_edit_framing_or_hop_by_hop_headers() {
     let echo = Echo::start().await;
@@ -194,9 +195,10 @@ async fn raw_exchange(addr: &str, request: &[u8]) -> String {
     String::from_utf8_lossy(&response).into_owned()
 }
 
-/// Finding 7: an upstream that stalls mid-stream is cut off after
+/// An upstream that stalls mid-stream is cut off after
 /// `--upstream-idle-timeout-seconds`, releasing the plugin instances that
-/// wait on its body, instead of holding them for as long as it likes.
+/// wait on its body, instead of holding them for as long as it likes
+/// (docs/security.md, B2).
 #[tokio::test]
 async fn an_upstream_that_stalls_mid_stream_is_cut_off() {
     let echo = Echo::start().await;

@@ -326,10 +326,10 @@ async fn secrets_reach_plugin_config_and_backends_and_rotations_are_picked_up() 
     }
 }
 
-/// Issue 11, finding 15: the gateway holds the data of the Secrets resources
-/// name, not of every Secret in the namespaces it watches. 100 Secrets of
-/// 1 MB that nothing names must not reach its memory; the one a route names
-/// still reaches the backend.
+/// The gateway holds the data of the Secrets resources name, not of every
+/// Secret in the namespaces it watches. 100 Secrets of 1 MB that nothing
+/// names must not reach its memory; the one a route names still reaches the
+/// backend.
 #[tokio::test]
 async fn secrets_no_resource_names_are_not_held_in_memory() {
     let (cluster, ns) = cluster_with_namespace("secret-bound").await;
@@ -915,11 +915,11 @@ async fn model_claims_grant_models_to_namespaces_and_survive_a_recreated_route()
     .await;
 }
 
-/// Issue 11.2: a plugin config that fails with a Secret's value in it must
-/// not put that value in status, Events, the replica Leases, the log or
-/// /admin/config. Each Secret-backed field gets a planted value and a plugin
-/// of its own that fails on it: one through the SDK's config parsing (a
-/// string where an object goes), one through the plugin's own check (a
+/// A plugin config that fails with a Secret's value in it must not put that
+/// value where others read it: status, Events, the replica Leases, the log
+/// or /admin/config. Each Secret-backed field gets a planted value and a
+/// plugin of its own that fails on it: one through the SDK's config parsing
+/// (a string where an object goes), one through the plugin's own check (a
 /// control character in a header value).
 #[tokio::test]
 async fn secret_values_in_failing_configs_reach_no_status_event_lease_log_or_admin_view() {

@@ -1,7 +1,7 @@
-//! Many resources on a real API server (issue 11, finding 13): a replica's
-//! load report must reach the leader however many resources it serves (one
-//! Lease annotation stops at 256 KiB), and the leader's status work must
-//! grow linearly with the number of routes, not with its square.
+//! Many resources on a real API server: a replica's load report must reach
+//! the leader however many resources it serves (one Lease annotation stops
+//! at 256 KiB), and the leader's status work must grow linearly with the
+//! number of routes, not with its square.
 //!
 //! The test command runs it with 1,200 routes with long names, which is past
 //! what one annotation holds;

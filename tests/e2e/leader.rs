@@ -1,7 +1,6 @@
-//! Leader election under a network partition (issue 11, finding 14): a
-//! leader that can no longer reach the API server stops writing status
-//! before its Lease can expire for the other replicas, so two replicas
-//! never write at once.
+//! Leader election under a network partition: a leader that can no longer
+//! reach the API server stops writing status before its Lease can expire
+//! for the other replicas, so two replicas never write at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
-//! Hostile clients (issue 12, finding 1): slow or silent connections are
-//! closed, and requests past the gateway's capacity get a 503 in OpenAI's
-//! error shape instead of taking memory.
+//! Hostile clients: slow or silent connections are closed, and requests
+//! past the gateway's capacity get a 503 in OpenAI's error shape instead of
+//! taking memory (docs/security.md, C1 to C3).
 
 use std::time::{Duration, Instant};
 

@@ -270,7 +270,8 @@ async fn bad_auth_configs_are_refused_at_load() {
         (
             Plugin::new("auth-confused-key", "auth").config(json!({"jwt": {"jwks": {"keys": [rsa_as_hmac]}}})),
             // The alg is a config value: the gateway cuts config values out
-            // of config errors (issue 11.2), so only the rest is named.
+            // of config errors (one may be a Secret's), so only the rest is
+            // named.
             "jwt.jwks.keys[0]: alg [redacted] does not fit",
         ),
         // A name without its namespace would match no one, leaving that
@@ -286,10 +287,10 @@ async fn bad_auth_configs_are_refused_at_load() {
     .await;
 }
 
-/// Issue 11, finding 9: the consumer header and every claim header belong to
-/// the plugin. Whatever the client authenticated with, its own values of
-/// them never reach the upstream; only values from the verified key or
-/// token do.
+/// The consumer header and every claim header belong to the auth plugin
+/// (docs/security.md, T8). Whatever the client authenticated with, its own
+/// values of them never reach the upstream; only values from the verified
+/// key or token do.
 #[tokio::test]
 async fn a_client_cannot_set_the_headers_the_auth_plugin_owns() {
     let (_keep, gateway) = gateway().await;
@@ -311,9 +312,9 @@ async fn a_client_cannot_set_the_headers_the_auth_plugin_owns() {
     }
 }
 
-/// Issue 11, finding 9: an API key's consumer "alice" and a token whose
-/// subject is "alice" are different callers: the upstream sees `key:alice`
-/// and `jwt:alice`, and each has its own `allowedModels` entry.
+/// An API key's consumer "alice" and a token whose subject is "alice" are
+/// different callers: the upstream sees `key:alice` and `jwt:alice`, and
+/// each has its own `allowedModels` entry.
 #[tokio::test]
 async fn an_api_key_consumer_and_a_token_subject_of_the_same_name_are_different_consumers() {
     let auth = Plugin::new("auth", "auth").auth_phase().config(json!({

@@ -200,7 +200,8 @@ async fn invalid_prompt_plugin_configs_are_refused_at_load() {
         (
             Plugin::new("guard-bad-regex", "prompt-guard")
                 .config(json!({"deny": [{"name": "broken", "pattern": "(a"}]})),
-            // The rule's name is a config value, cut out of the error (issue 11.2).
+            // The rule's name is a config value, cut out of the error (one may
+            // be a Secret's).
             "deny rule \"[redacted]\": regex parse error",
         ),
         (

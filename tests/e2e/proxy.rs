@@ -276,15 +276,14 @@ async fn shutdown_drains_in_flight_streams() {
     assert!(gateway.log().contains("draining"), "{}", gateway.log());
 }
 
-/// Issue 11, finding 10, as issue 41 (item 3) changed it: the auth phase
-/// still guards a protected model, but no plugin runs for `/v1/models` or
-/// for a model no route serves. Those requests name no route's model, so
-/// they belong to no namespace, and running every route's auth chain on
-/// them showed one tenant's credentials to another tenant's plugins. So an
-/// unknown model is a plain 404 whoever asks (model names can be found by
-/// probing, as with OpenAI's own API: docs/security.md), and the listing
-/// names only models whose routes have no auth plugin, with or without a
-/// key.
+/// The auth phase guards a protected model, but no plugin runs for
+/// `/v1/models` or for a model no route serves (docs/security.md, T1).
+/// Those requests name no route's model, so they belong to no namespace,
+/// and running every route's auth chain on them showed one tenant's
+/// credentials to another tenant's plugins. So an unknown model is a plain
+/// 404 whoever asks (model names can be found by probing, as with OpenAI's
+/// own API: docs/security.md), and the listing names only models whose
+/// routes have no auth plugin, with or without a key.
 #[tokio::test]
 async fn the_auth_phase_guards_its_models_and_no_plugin_runs_for_a_listing_or_an_unknown_model() {
     use sha2::Digest;
@@ -331,9 +330,9 @@ async fn the_auth_phase_guards_its_models_and_no_plugin_runs_for_a_listing_or_an
     gateway.chat("no-such-model", &with_key).await.assert_error(404, "model_not_found");
 }
 
-/// Issue 11, finding 5: the kubelet's probes get a listener of their own
-/// (`--probes`) that serves /healthz and /readyz and nothing else, so the
-/// admin listener, with the config view, can stay on loopback.
+/// The kubelet's probes get a listener of their own (`--probes`) that
+/// serves /healthz and /readyz and nothing else, so the admin listener,
+/// with the config view, can stay on loopback (docs/security.md, C4).
 #[tokio::test]
 async fn the_probes_listener_serves_the_probes_and_not_the_config() {
     let echo = Echo::start().await;

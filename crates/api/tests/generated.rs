@@ -127,8 +127,9 @@ fn kubernetes_manifests_refer_to_each_other() {
         let port = &probe.as_ref().unwrap().http_get.as_ref().unwrap().port;
         assert!(matches!(port, IntOrString::String(name) if ports.contains_key(name)), "probe on port {port:?}");
     }
-    // Issue 11.5: the config view stays on loopback, probes get their own
-    // port, and the NetworkPolicy admits the API, probe and metrics ports only.
+    // The config view (every tenant's routes) stays on loopback, probes get
+    // their own port, and the NetworkPolicy admits the API, probe and metrics
+    // ports only.
     let arg = |flag: &str| container.args.iter().flatten().find_map(|a| a.strip_prefix(flag)).map(str::to_string);
     let admin = arg("--admin=").unwrap_or_else(|| "127.0.0.1:9901".into());
     assert!(admin.starts_with("127.0.0.1:"), "the admin listener (config view) is on {admin}");
@@ -156,7 +157,7 @@ fn kubernetes_manifests_refer_to_each_other() {
     // NetworkPolicy cannot block, and no pod has a reason to hold the
     // probes listener's connections.
     assert_eq!(admitted, BTreeSet::from(["http", "metrics"].map(String::from)));
-    // Issue 14: /metrics on a port of its own, the one the pods' scrape
+    // The metrics listener has a port of its own, the one the pods' scrape
     // annotations name.
     let metrics = arg("--metrics=").expect("--metrics is set");
     let metrics_port: i32 = metrics.rsplit(':').next().unwrap().parse().unwrap();

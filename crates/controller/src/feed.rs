@@ -417,8 +417,9 @@ mod tests {
         .unwrap()
     }
 
-    /// Issue 11, finding 13: a change to one of many routes translates that
-    /// route, not all of them; a Secret change translates everything again.
+    /// A change to one of many routes translates that route, not all of
+    /// them, so the work grows with the number of routes, not with its
+    /// square; a Secret change translates everything again.
     #[tokio::test]
     async fn only_changed_objects_are_translated_again() {
         let (plugins, _plugin_writer) = reflector::store::<GatewayPlugin>();
@@ -451,8 +452,9 @@ mod tests {
         assert_eq!(translator.translations, 2 * count + 1);
     }
 
-    /// Issue 11, finding 13: the leader's status writes come back to every
-    /// replica's watch; only a new generation (or object) makes a pass.
+    /// The leader's status writes come back to every replica's watch; only
+    /// a new generation (or object) makes a pass, or every write would make
+    /// another.
     #[tokio::test]
     async fn status_writes_are_not_changes() {
         let with_status = |generation: i64, version: &str, loaded: &str| {

@@ -465,8 +465,8 @@ mod tests {
         report
     }
 
-    /// Issue 11, finding 13: a report of any size fits the API server's
-    /// annotation limit, part by part, and reads back whole.
+    /// A report of any size fits the API server's annotation limit, part by
+    /// part, and reads back whole.
     #[test]
     fn a_large_report_is_split_into_parts_under_the_annotation_limit() {
         let report = large_report();

@@ -138,7 +138,9 @@ mod tests {
 
     use super::*;
 
-    /// Issue 11, finding 15: what the Secret cache keeps of each Secret.
+    /// The Secret cache keeps only what it uses of each Secret: not the
+    /// annotations or managed fields, which after `kubectl apply` repeat the
+    /// data.
     #[test]
     fn a_cached_secret_keeps_its_name_type_and_data_only() {
         let data = std::collections::BTreeMap::from([("key".to_string(), k8s_openapi::ByteString(b"v".to_vec()))]);

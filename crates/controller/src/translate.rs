@@ -645,10 +645,10 @@ mod tests {
         .unwrap()
     }
 
-    /// Issue 41, item 8: a route's backend URL may not name the gateway's
-    /// own loopback (its admin listener's config view) or the metadata
-    /// service, unless the operator allows the range; its own listener
-    /// ports stay refused even then.
+    /// A route's backend URL may not name the gateway's own loopback (its
+    /// admin listener's config view) or the metadata service, unless the
+    /// operator allows the range; its own listener ports stay refused even
+    /// then.
     #[test]
     fn backends_in_the_gateways_own_network_position_are_not_permitted() {
         let with_url = |url: &str| {

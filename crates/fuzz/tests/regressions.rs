@@ -127,7 +127,7 @@ fn the_rewrite_keeps_numbers_as_written() {
 }
 
 /// The bodies plugin_view_is_what_is_sent starts from, and the two ways
-/// plugins and upstreams read content differently (issue 41, item 10): a
+/// plugins and upstreams read content differently (docs/security.md, P2): a
 /// duplicated `text` (the SDK's strict parse read no text, an upstream the
 /// last value) and a `refusal` part (sent to Anthropic as text, unseen by
 /// the SDK's text view). Each runs the target's check: the first is now

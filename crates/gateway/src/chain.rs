@@ -358,7 +358,8 @@ mod tests {
         assert_eq!(response_marks(full).len(), MAX_HEADERS);
     }
 
-    /// Issue 12, finding 6.
+    /// A plugin's direct response must have a final status: a 1xx, or one
+    /// past 599, is refused.
     #[test]
     fn a_direct_response_has_a_final_status() {
         for status in [100, 101, 199, 600, 999, 0] {

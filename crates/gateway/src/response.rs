@@ -671,7 +671,8 @@ mod tests {
         assert!(usage_in(br#"{"usage":{"prompt_tokens":1,"input_tokens":4}}"#).is_none());
     }
 
-    /// Issue 12, finding 4: a hostile upstream's usage.
+    /// A hostile upstream's usage: counts that overflow a u32 when added
+    /// saturate instead of panicking, and malformed usage is not believed.
     #[test]
     fn hostile_usage_neither_overflows_nor_is_believed_when_malformed() {
         let max = u32::MAX;

@@ -681,9 +681,9 @@ mod tests {
         assert!(report.routes[&ResourceKey::new("default", "a")].ready);
     }
 
-    /// Issue 11, finding 15: a route gives a model up to a newer route, and
-    /// its own new generation fails to build; its last good version still
-    /// claims the model, but the newer route's claim wins.
+    /// A route gives a model up to a newer route, and its own new generation
+    /// fails to build; its last good version still claims the model, but the
+    /// newer route's claim wins.
     #[tokio::test]
     async fn a_model_moved_to_another_route_is_not_won_back_by_a_stale_last_good_route() {
         let runtime = runtime();
@@ -695,8 +695,8 @@ mod tests {
         assert_eq!(served_by(&second, "m").as_deref(), Some("new"), "the stale route won the model back");
     }
 
-    /// Issue 11, finding 11: an Auth-phase plugin that declares no request
-    /// hook would be skipped on every request, letting everything through.
+    /// An Auth-phase plugin that declares no request hook would be skipped
+    /// on every request, letting everything through.
     #[tokio::test]
     async fn an_auth_plugin_without_a_request_hook_is_refused() {
         let runtime = runtime();
@@ -711,9 +711,9 @@ mod tests {
         assert_eq!(served_by(&snapshot, "m"), None);
     }
 
-    /// Issue 41, finding 4: a route serves only the endpoints its whole
-    /// chain understands; one whose chain understands none of its own is
-    /// not served.
+    /// A route serves only the endpoints its whole chain understands, so no
+    /// plugin is handed a body it cannot read; one whose chain understands
+    /// none of its own is not served.
     #[tokio::test]
     async fn a_route_serves_the_endpoints_its_whole_chain_understands() {
         let runtime = runtime();

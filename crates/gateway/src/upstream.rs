@@ -268,10 +268,10 @@ mod tests {
         client.send(request).await.map(drop)
     }
 
-    /// Issue 41, item 8: the forms of a loopback address that are not a
-    /// literal `IpAddr` (decimal, hex, octal, short, IPv4-mapped, a name)
-    /// reach the resolver or the connector, and are refused there: nothing
-    /// connects.
+    /// A backend on loopback could reach the gateway's own admin listener.
+    /// The forms of a loopback address that are not a literal `IpAddr`
+    /// (decimal, hex, octal, short, IPv4-mapped, a name) reach the resolver
+    /// or the connector, and are refused there: nothing connects.
     #[tokio::test]
     async fn a_restricted_client_refuses_every_spelling_of_loopback() {
         let (port, accepted) = listener().await;

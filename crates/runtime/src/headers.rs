@@ -323,7 +323,9 @@ mod tests {
         assert_eq!(headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["close"]);
     }
 
-    /// Issue 12, finding 6.
+    /// A plugin cannot edit framing or hop-by-hop headers (content-length,
+    /// transfer-encoding, connection, upgrade, te, host): the gateway frames
+    /// what it sends. Its other edits apply.
     #[test]
     fn framing_and_hop_by_hop_headers_cannot_be_edited() {
         let mut headers = HeaderMap::new();
@@ -342,7 +344,8 @@ mod tests {
         assert_eq!(headers["host"], "api");
     }
 
-    /// Issue 12, finding 4: what plugins see is what travels on.
+    /// Plugins see every UTF-8 header value, and values that are not UTF-8
+    /// are found and dropped: what plugins see is what travels on.
     #[test]
     fn utf8_values_are_seen_and_others_are_found() {
         let mut headers = HeaderMap::new();

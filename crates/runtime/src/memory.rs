@@ -365,9 +365,9 @@ mod tests {
         assert_eq!(budget.used(), 0);
     }
 
-    /// Item 5: a plugin, and a namespace, hold at most their share, all
-    /// their instances together; an instance alone is capped at its
-    /// plugin's share, as if that were its own limit.
+    /// A plugin, and a namespace, hold at most their share, all their
+    /// instances together; an instance alone is capped at its plugin's
+    /// share, as if that were its own limit.
     #[test]
     fn plugins_and_namespaces_hold_at_most_their_share() {
         let budget = GuestMemory::new(100 * MIB, 50, 25);
@@ -411,9 +411,9 @@ mod tests {
         }
     }
 
-    /// Item 5: memory held by idle instances is given back, least recently
-    /// used first, when a live instance needs it; memory held by busy ones
-    /// is not.
+    /// Memory held by idle instances is given back, least recently used
+    /// first, when a live instance needs it; memory held by busy ones is
+    /// not.
     #[test]
     fn idle_instances_yield_their_memory_least_recently_used_first() {
         let budget = GuestMemory::new(100 * MIB, 100, 100);

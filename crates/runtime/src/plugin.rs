@@ -573,8 +573,8 @@ mod tests {
 
     use crate::test_request as request;
 
-    /// Finding 2: a count that takes longer than the plugin's deadline
-    /// ends the call at the deadline, as a timeout.
+    /// A count that takes longer than the plugin's deadline ends the call
+    /// at the deadline, as a timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn token_counting_is_charged_to_the_plugins_deadline() {
         crate::tokens::warm_up();
@@ -639,8 +639,8 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2), "a 200 ms plugin spun for {:?}", started.elapsed());
     }
 
-    /// Finding 5: sleeping is not granted; a plugin that sleeps fails at
-    /// once instead of waiting outside its deadline.
+    /// Sleeping is not granted; a plugin that sleeps fails at once instead
+    /// of waiting outside its deadline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_plugin_cannot_sleep() {
         let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
@@ -659,8 +659,8 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2), "the request slept for {:?}", started.elapsed());
     }
 
-    /// Finding 5: WASI beyond what language runtimes need to start is not
-    /// linked: a plugin that opens a socket traps (it still loads).
+    /// WASI beyond what language runtimes need to start is not linked: a
+    /// plugin that opens a socket traps (it still loads).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_plugin_cannot_use_sockets() {
         let runtime = Runtime::new(RuntimeConfig { max_instances: 10, ..Default::default() }).unwrap();
@@ -673,8 +673,8 @@ mod tests {
         assert!(why.starts_with("wasi:sockets/") && why.ends_with("is not granted to plugins"), "{why}");
     }
 
-    /// Finding 7: a plugin has at most `max_instances_per_plugin` at work;
-    /// past it, `Overloaded` (a 503), not a plugin failure.
+    /// A plugin has at most `max_instances_per_plugin` at work; past it,
+    /// `Overloaded` (a 503), not a plugin failure.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_plugin_has_a_concurrency_limit() {
         let config = RuntimeConfig { max_instances: 10, max_instances_per_plugin: 2, ..Default::default() };
@@ -691,8 +691,8 @@ mod tests {
         plugin.instance().await.unwrap();
     }
 
-    /// Finding 7: instances share one memory budget; past it, `Overloaded`,
-    /// and the memory comes back when instances are dropped.
+    /// Instances share one memory budget; past it, `Overloaded`, and the
+    /// memory comes back when instances are dropped.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn instances_share_one_memory_budget() {
         let config = RuntimeConfig { max_instances: 50, max_guest_memory_bytes: 8 << 20, ..Default::default() };

@@ -31,7 +31,8 @@ pub struct RuntimeConfig {
     /// default fits a 1 GiB container: 256 MiB of guests, next to 256 MiB of
     /// buffered request bodies and 64 MiB of response buffers (the gateway's
     /// defaults), 96 MiB of snapshots, the two tokenizers, compiled plugins
-    /// and the rest of the process (issue 41: the sum, budget by budget).
+    /// and the rest of the process (docs/security.md sums them, budget by
+    /// budget).
     pub max_guest_memory_bytes: usize,
     /// The share of `max_guest_memory_bytes` one namespace's plugin
     /// instances may hold together, busy or idle, in percent: one tenant

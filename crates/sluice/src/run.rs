@@ -618,8 +618,9 @@ mod tests {
     }
 }
 
-/// How the memory budgets are shared between tenants (issue 41, items 5
-/// and 6): plugins' guest memory, and upstream responses held in memory.
+/// How the memory budgets are shared between tenants, so that no tenant
+/// starves the others: plugins' guest memory, and upstream responses held in
+/// memory.
 #[derive(clap::Args)]
 #[command(next_help_heading = "Memory shares")]
 pub struct MemoryArgs {

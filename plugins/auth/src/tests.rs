@@ -454,8 +454,9 @@ fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
     headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect()
 }
 
-/// Issue 11, finding 9: with an API key, a client's own claim headers
-/// (and consumer header) must not reach the upstream.
+/// With an API key, a client's own claim headers (and consumer header)
+/// must not reach the upstream: those headers belong to the plugin, set
+/// only from a verified key or token.
 #[test]
 fn a_client_cannot_set_the_headers_the_plugin_owns_whatever_its_credential() {
     let mut config = jwt_config();
@@ -490,8 +491,8 @@ fn a_client_cannot_set_the_headers_the_plugin_owns_whatever_its_credential() {
     }
 }
 
-/// Issue 11, finding 9: an API key's consumer and a token's subject of the
-/// same name are different callers, upstream and in `allowedModels`.
+/// An API key's consumer and a token's subject of the same name are
+/// different callers, upstream and in `allowedModels`.
 #[test]
 fn api_key_consumers_and_jwt_subjects_are_separate_namespaces() {
     let mut config = jwt_config();

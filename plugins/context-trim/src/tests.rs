@@ -176,7 +176,8 @@ fn models_without_a_budget_pass_and_other_endpoints_are_refused() {
     let (result, state) = run(&plugin, "llama", body.clone());
     assert!(result.is_ok());
     assert_eq!(state, None, "no headers for a model without a budget");
-    // Issue 41, finding 4: the Responses API passed untrimmed.
+    // Endpoints it cannot read, the Responses API among them, are refused
+    // rather than passed untrimmed.
     for path in ["/v1/embeddings", "/v1/responses", "/v1/completions"] {
         let req = chat_request("gpt-x", &json!({"input": words(50)})).with_path(path);
         let error = plugin.on_request(&req, &mut ()).unwrap_err();

@@ -176,7 +176,8 @@ mod tests {
         assert_eq!((error.status, error.code.as_str()), (400, "invalid_json"));
         let error = decorator.on_request(&chat_request("m", &json!({"messages": "hi"})), &mut ()).unwrap_err();
         assert_eq!(error.code, "invalid_chat_request");
-        // Issue 41, finding 4: the Responses API passed undecorated.
+        // Endpoints it cannot read, the Responses API among them, are
+        // refused rather than passed undecorated.
         for path in ["/v1/embeddings", "/v1/responses", "/v1/completions"] {
             let req = chat_request("m", &json!({"input": "x"})).with_path(path);
             assert_eq!(decorator.on_request(&req, &mut ()).unwrap_err().code, "unsupported_endpoint", "{path}");

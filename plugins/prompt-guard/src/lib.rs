@@ -385,8 +385,8 @@ mod tests {
         assert!(run(&guard, json!([{"role": "user", "content": "good"}, {"role": "user", "content": "bad"}])).is_err());
     }
 
-    /// Issue 12, finding 4: a prompt given as token ids (or in any shape
-    /// but text) cannot be read by the rules, so it is refused, not let by.
+    /// A prompt given as token ids (or in any shape but text) cannot be
+    /// read by the rules, so it is refused, not let by.
     #[test]
     fn prompts_the_rules_cannot_read_are_refused() {
         let guard = injection_guard();
@@ -430,7 +430,7 @@ mod tests {
         guard.on_request(&req, &mut ())
     }
 
-    /// Issue 41, finding 4: the Responses API's prompts passed unchecked.
+    /// The Responses API's prompts are checked too, not passed unchecked.
     #[test]
     fn responses_api_prompts_are_checked() {
         let guard =

@@ -527,8 +527,8 @@ mod tests {
         assert_eq!(error.code, "template_required");
         let legacy = chat_request("m", &json!({"prompt": "free-form"})).with_path("/v1/completions");
         assert_eq!(closed.on_request(&legacy, &mut ()).unwrap_err().code, "template_required");
-        // Issue 41, finding 4: the Responses API (and every other endpoint)
-        // passed a template-only route untemplated.
+        // A template-only route must not pass the Responses API (or any
+        // other endpoint) untemplated.
         for path in ["/v1/responses", "/v1/embeddings", "/v1/anything"] {
             let req = chat_request("m", &json!({"input": "free-form"})).with_path(path);
             assert_eq!(closed.on_request(&req, &mut ()).unwrap_err().code, "template_required", "{path}");

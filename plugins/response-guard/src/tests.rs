@@ -267,7 +267,8 @@ fn stream_events(guard: &ResponseGuard, events: &[String]) -> Vec<Value> {
     out.iter().map(|e| serde_json::from_str(e).unwrap()).collect()
 }
 
-/// Issue 41, finding 4: Responses API output passed unmasked.
+/// Responses API output is masked too, in every event of a stream, not
+/// passed unmasked.
 #[test]
 fn responses_api_streams_are_masked_in_every_event() {
     let guard = secrets();

@@ -83,12 +83,12 @@ async fn h2_connection(to: SocketAddr, window: u32) -> (JoinHandle<()>, h2::clie
     (task, send)
 }
 
-/// Item 1 of issue 41: a client that sets SETTINGS_INITIAL_WINDOW_SIZE=0
-/// never lets a response body out, so every stream kept its request in
-/// flight; 11 connections × 100 streams of `GET /v1/models` took all 1024
-/// and every other client got 503 `overloaded`. Now a connection and a
-/// peer address each get a share of the budget, and a response the client
-/// does not take within the write timeout closes its connection.
+/// A client that sets SETTINGS_INITIAL_WINDOW_SIZE=0 never lets a response
+/// body out. Before, every stream kept its request in flight: 11
+/// connections × 100 streams of `GET /v1/models` took all 1024 and every
+/// other client got 503 `overloaded`. Now a connection and a peer address
+/// each get a share of the budget, and a response the client does not take
+/// within the write timeout closes its connection (docs/security.md, C1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_its_responses_does_not_hold_the_requests_in_flight() {
     let echo = Echo::start().await;
@@ -148,11 +148,11 @@ async fn a_client_that_never_reads_its_responses_does_not_hold_the_requests_in_f
     assert_eq!(status, 200, "after the attack: {body}");
 }
 
-/// Item 2 of issue 41: the request-body budget was reserved from the
-/// declared `Content-Length` before a byte arrived, so 100 h2 streams
-/// declaring 4 MiB and sending nothing made every POST a 503 for the 30 s
-/// of the body timeout, renewable. Now a body holds budget for the bytes
-/// that have arrived.
+/// Before, the request-body budget was reserved from the declared
+/// `Content-Length` before a byte arrived, so 100 h2 streams declaring
+/// 4 MiB and sending nothing made every POST a 503 for the 30 s of the body
+/// timeout, renewable. Now a body holds budget for the bytes that have
+/// arrived (docs/security.md, C2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_only_requests_do_not_take_the_request_body_budget() {
     let echo = Echo::start().await;
@@ -193,11 +193,12 @@ async fn header_only_requests_do_not_take_the_request_body_budget() {
     assert!(connections.iter().all(|(task, _)| !task.is_finished()), "the attacker's connections were closed");
 }
 
-/// Item 7 of issue 41: the probes listener had 64 connection slots and
-/// every pod could reach it; holding them made the kubelet's 1 s probe time
-/// out, so readiness failed and liveness restarted the pod. Now a full
-/// probes listener closes the oldest connection of the address holding the
-/// most, and a probe connection must send its request within a second.
+/// Before, the probes listener had 64 connection slots and every pod could
+/// reach it; holding them made the kubelet's 1 s probe time out, so
+/// readiness failed and liveness restarted the pod. Now a full probes
+/// listener closes the oldest connection of the address holding the most,
+/// and a probe connection must send its request within a second
+/// (docs/security.md, C4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holding_the_probe_listener_does_not_fail_the_kubelets_probes() {
     let echo = Echo::start().await;

@@ -36,14 +36,15 @@ fn metric(metrics: &str, prefix: &str) -> Option<f64> {
     metrics.lines().find(|line| line.starts_with(prefix))?.rsplit(' ').next()?.parse().ok()
 }
 
-/// Item 5: tenants' `Reused` plugins grow their memory to the limit in
-/// `configure` and keep it in their idle instances. Before, the first one
-/// took the whole guest memory budget and every other plugin route, of
-/// every tenant, answered 503 while /readyz stayed ready. Now each
-/// namespace holds at most its share, idle instances give their memory back
-/// (least recently used first) when a live request needs it, a plugin that
-/// cannot `configure` within its share is refused at load with a reason,
-/// and what each namespace holds and was refused shows in /metrics.
+/// Tenants' `Reused` plugins grow their memory to the limit in `configure`
+/// and keep it in their idle instances. Before, the first one took the
+/// whole guest memory budget and every other plugin route, of every tenant,
+/// answered 503 while /readyz stayed ready. Now each namespace holds at
+/// most its share, idle instances give their memory back (least recently
+/// used first) when a live request needs it, a plugin that cannot
+/// `configure` within its share is refused at load with a reason, and what
+/// each namespace holds and was refused shows in /metrics
+/// (docs/security.md, T6).
 #[tokio::test]
 async fn idle_plugins_holding_guest_memory_do_not_starve_other_tenants() {
     let echo = Echo::start().await;
@@ -139,14 +140,14 @@ async fn stalling_upstream(len: usize, sent: usize) -> std::net::SocketAddr {
     addr
 }
 
-/// Item 6: a tenant's backend sends large bodies and stalls, to many
-/// requests at once, through a plain route and an Anthropic-translated
-/// one. Before, each response held its bytes (a 1 MiB copy to read usage
-/// from, the whole body to translate) with no budget shared between them:
-/// 200 such requests took the gateway from 139 to 990 MiB of RSS. Now
-/// responses hold at most `--max-buffered-response-bytes` together (503s
-/// past it, or usage left unread), the gateway's RSS stays within a bound
-/// derived from it, and another tenant is served meanwhile.
+/// A tenant's backend sends large bodies and stalls, to many requests at
+/// once, through a plain route and an Anthropic-translated one. Before,
+/// each response held its bytes (a 1 MiB copy to read usage from, the whole
+/// body to translate) with no budget shared between them: 200 such
+/// requests took the gateway from 139 to 990 MiB of RSS. Now responses hold
+/// at most `--max-buffered-response-bytes` together (503s past it, or usage
+/// left unread), the gateway's RSS stays within a bound derived from it,
+/// and another tenant is served meanwhile (docs/security.md, B1).
 #[tokio::test]
 async fn stalling_backends_cannot_make_responses_hold_unbounded_memory() {
     const REQUESTS: usize = 80;

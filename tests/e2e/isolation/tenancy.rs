@@ -25,13 +25,13 @@ fn listed(reply: &Reply) -> Vec<String> {
     ids
 }
 
-/// Issue 41, item 3: `/v1/models` and requests for unknown models ran
-/// every route's auth chain, across namespaces, on the caller's request:
-/// a `Reused` plugin in team-b recorded team-a's `Authorization` and could
-/// hand it back to team-b. A listing or an unknown model names no route's
-/// model, so it is addressed to no namespace: no plugin may see it. Here
-/// team-b's plugin records every `authorization` it sees, logs it and
-/// returns it to team-b's own client; team-a's key must reach neither,
+/// Before, `/v1/models` and requests for unknown models ran every route's
+/// auth chain, across namespaces, on the caller's request: a `Reused`
+/// plugin in team-b recorded team-a's `Authorization` and could hand it
+/// back to team-b. A listing or an unknown model names no route's model, so
+/// it is addressed to no namespace: no plugin may see it (docs/security.md,
+/// T1). Here team-b's plugin records every `authorization` it sees, logs it
+/// and returns it to team-b's own client; team-a's key must reach neither,
 /// while team-a's client is still served.
 #[tokio::test]
 async fn no_plugin_sees_a_listing_or_an_unknown_model_request() {
@@ -102,10 +102,11 @@ async fn requests_counted(gateway: &Gateway) -> f64 {
         .sum()
 }
 
-/// Issue 41, item 9: a route whose backend is the gateway itself turned
-/// one request into about 1,000 (and 100x the CPU) before a 503. Forwarded
-/// requests carry the gateway's mark; one that comes back with it is
-/// refused with a 508 before any plugin runs: one request costs two.
+/// Before, a route whose backend is the gateway itself turned one request
+/// into about 1,000 (and 100x the CPU) before a 503. Forwarded requests
+/// carry the gateway's mark; one that comes back with it is refused with a
+/// 508 before any plugin runs: one request costs two (docs/security.md,
+/// T5).
 #[tokio::test]
 async fn a_route_back_to_the_gateway_itself_is_refused_as_a_loop() {
     let echo = Echo::start().await;
@@ -205,12 +206,13 @@ async fn accepted(cluster: &KubeCluster, namespace: &str, name: &str) -> Option<
     Some((c["status"].as_str()?.into(), c["reason"].as_str()?.into(), c["message"].as_str()?.into()))
 }
 
-/// Issue 41, item 8: `url: http://127.0.0.1:9901/admin/config?` returned the
+/// Before, `url: http://127.0.0.1:9901/admin/config?` returned the
 /// loopback-only admin view (every tenant's routes and backend URLs) to a
-/// tenant's client. On Kubernetes, backends on the gateway's loopback, its
-/// own listeners and addresses, and the metadata service are refused (the
-/// route is not accepted, and its status says why) unless the operator
-/// allows a range; even then the gateway's own listener ports stay refused.
+/// tenant's client (docs/security.md, T4). On Kubernetes, backends on the
+/// gateway's loopback, its own listeners and addresses, and the metadata
+/// service are refused (the route is not accepted, and its status says why)
+/// unless the operator allows a range; even then the gateway's own listener
+/// ports stay refused.
 /// The harness allows 127.0.0.0/8 for its echo upstream, as an operator
 /// would for a sidecar.
 #[tokio::test]
@@ -251,13 +253,13 @@ async fn on_kubernetes_a_backend_cannot_reach_the_gateways_own_network_position(
     assert_eq!(gateway.readyz().await, 200);
 }
 
-/// Item 8 in standalone mode with --restrict-backends (and the echo
-/// upstream's address allowed, as an operator would allow a sidecar): a
-/// literal address is refused when the config loads (the admin view says
-/// why), and a name that resolves into a refused range (`2130706433` is
-/// 127.0.0.1 to the system resolver) is refused when connecting, with a
-/// 502: nothing is sent. The gateway's own listener ports stay refused in
-/// the allowed range.
+/// The same in standalone mode with --restrict-backends (docs/security.md,
+/// T4; the echo upstream's address allowed, as an operator would allow a
+/// sidecar): a literal address is refused when the config loads (the admin
+/// view says why), and a name that resolves into a refused range
+/// (`2130706433` is 127.0.0.1 to the system resolver) is refused when
+/// connecting, with a 502: nothing is sent. The gateway's own listener
+/// ports stay refused in the allowed range.
 #[tokio::test]
 async fn a_restricted_standalone_gateway_refuses_backends_on_its_own_listeners() {
     let echo = Echo::start().await;

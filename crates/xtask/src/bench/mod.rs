@@ -551,8 +551,8 @@ fn run_runtime_bench() -> Result<()> {
     run(cargo().args(["bench", "--package", "sluice-tests", "--bench", "runtime"]))
 }
 
-/// Figures only Sluice has (issue 13), each a bench target of the test
-/// crate that prints markdown: (target, heading).
+/// Figures only Sluice has, each a bench target of the test crate that
+/// prints markdown: (target, heading).
 const SLUICE_ONLY: &[(&str, &str)] = &[
     ("swaps", "Hot swaps under load"),
     ("starts", "Cold and warm start with 10 plugins"),

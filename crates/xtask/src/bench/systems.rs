@@ -21,8 +21,8 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The baseline: oha straight to the upstream.
 pub const DIRECT: &str = "direct";
-/// The system the CPU-per-request ratios are relative to: issue 13's
-/// targets are fractions of it.
+/// The system the CPU-per-request ratios are relative to: the CPU goals
+/// with plugins are fractions of it (at most 0.5× its CPU per request).
 pub const RATIO_BASE: &str = "envoy-proxy-wasm";
 
 /// The work the decorating systems do, the same everywhere: set this
