@@ -16,13 +16,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sluice_tests::{Client, ConfigDir, Echo, Gateway, Options, Plugin, Route, chat_body, percentile};
 

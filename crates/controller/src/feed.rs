@@ -7,11 +7,10 @@
 //! only state outside the objects is this process's memory.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use futures_util::stream::{self, BoxStream};
 use futures_util::{FutureExt as _, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
@@ -20,6 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
+use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use sluice_api::{AIModelRoute, GatewayPlugin};
 use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};

@@ -20,9 +20,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
+use parking_lot::Mutex;
 use sluice_core::{ConfigUpdate, LoadReport};
 use tokio::sync::watch;
 

@@ -9,15 +9,15 @@
 //! reference, which their authors control only in their own namespaces.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::RwLock;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
+use parking_lot::RwLock;
 
 use crate::translate;
 

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -19,6 +18,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
+use parking_lot::Mutex;
 use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, ReplicaStatus};
 use sluice_core::{ResourceKey, reason};
 use tokio::sync::watch;

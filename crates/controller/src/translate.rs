@@ -10,8 +10,8 @@ use kube::ResourceExt;
 use serde_json::Value;
 use sluice_api::{AIModelRoute, GatewayPlugin, SecretKeySelector, ValueFormat};
 use sluice_core::{
-    ApiKeySource, ModelConflict, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey, RouteDecl,
-    reason,
+    ApiKeySource, ModelConflict, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey,
+    RouteDecl, reason,
 };
 
 use crate::Tenancy;

@@ -5,12 +5,12 @@
 //! each scripted differently, and count what reached each.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard};
 use http::{HeaderValue, StatusCode};
+use parking_lot::{Mutex, MutexGuard};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

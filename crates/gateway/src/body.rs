@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use parking_lot::Mutex;
 use sluice_core::ApiError;
 use sluice_telemetry::metrics;
 use sluice_telemetry::metrics::ResponseBufferRefusalLabels;

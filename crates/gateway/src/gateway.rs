@@ -12,8 +12,8 @@ use sluice_telemetry::metrics;
 use sluice_telemetry::metrics::{ResourceLabels, ResultLabels};
 
 use crate::snapshot::{self, BuildReport, Snapshot};
-use crate::source::ConfigUpdate;
 use crate::upstream::UpstreamClient;
+use sluice_core::ConfigUpdate;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -388,8 +388,7 @@ pub(crate) struct PeerShare {
 impl Drop for PeerShare {
     fn drop(&mut self) {
         let mut held = self.shares.held.lock();
-        if let Some(count) = held.get_mut(&self.peer)
-        {
+        if let Some(count) = held.get_mut(&self.peer) {
             *count -= 1;
             if *count == 0 {
                 held.remove(&self.peer);

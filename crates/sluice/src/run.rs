@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_gateway::{Gateway, Settings};
-use sluice_standalone::FileSource;
 use sluice_runtime::{Runtime, RuntimeConfig};
 use sluice_serve::Limits;
+use sluice_standalone::FileSource;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
 use oci_client::secrets::RegistryAuth;
+use parking_lot::Mutex;
 
 use super::transport::Transport;
 use super::types::RegistryOptions;

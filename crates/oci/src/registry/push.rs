@@ -152,8 +152,8 @@ fn progress_stream(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use parking_lot::Mutex;
+    use std::sync::Arc;
 
     use super::super::types::RegistryOptions;
     use super::*;

@@ -9,7 +9,6 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
@@ -19,6 +18,7 @@ use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientP
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
+use parking_lot::Mutex;
 use serde::Deserialize;
 use sha2::Digest as _;
 
