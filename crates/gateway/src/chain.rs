@@ -33,6 +33,9 @@ pub struct Outgoing {
     /// `body` as routing read it, handed to the plugins so they do not read
     /// it again; used only while it is a reading of `body`.
     pub chat: Option<ChatBody>,
+    /// A plugin reads the response body (its headers then ask for it
+    /// unencoded: [`crate::headers`]).
+    pub plugins_read_response: bool,
 }
 
 impl Outgoing {
@@ -40,7 +43,7 @@ impl Outgoing {
         let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
-        Self { method: parts.method, path, headers, body, chat: None }
+        Self { method: parts.method, path, headers, body, chat: None, plugins_read_response: false }
     }
 }
 
@@ -323,7 +326,7 @@ fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse
         return error_response(&ApiError::plugin_rejected(plugin.name(), status.as_u16()));
     }
     let refusal = (status == StatusCode::BAD_REQUEST
-        && crate::provider::error_code(&direct.body).as_deref() == Some("context_length_exceeded"))
+        && crate::backend_api::error_code(&direct.body).as_deref() == Some("context_length_exceeded"))
     .then_some(Refusal(Condition::ContextLengthExceeded));
     let mut response = http::Response::new(full(direct.body));
     if let Some(refusal) = refusal {

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use http::{HeaderValue, header};
 use sluice_core::{ApiError, Condition, Fallback};
 use sluice_runtime::Hooks;
 use sluice_telemetry::metrics::FallbackLabels;
@@ -49,7 +48,7 @@ pub(crate) async fn walk(
         let mut outgoing = if last { client_request.take() } else { client_request.clone() }
             .ok_or_else(|| ApiError::internal("the request was not kept for its fallback"))?;
         if hops > 0 {
-            outgoing.body = crate::forward::rewrite_model(&outgoing.body, &hop.model)?;
+            outgoing.body = crate::json::rewrite_model(&outgoing.body, &hop.model)?;
         }
         let filtered =
             request_filters(route, &hop.model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
@@ -69,10 +68,8 @@ pub(crate) async fn walk(
                 return Ok(response);
             }
         };
-        if engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK)) {
-            // Plugins that read the response body need it as text, not gzip.
-            outgoing.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
+        outgoing.plugins_read_response =
+            engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK));
         let forwarded = forward(gateway, route, &mut outgoing, record).await;
         if let Some(condition) = forwarded.failure
             && let Some(next) = next_hop(snapshot, route, condition, hops, endpoint)

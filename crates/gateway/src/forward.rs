@@ -5,27 +5,20 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Uri, header};
+use http::{HeaderValue, Uri};
 use http_body_util::{BodyExt, Full};
-use sluice_core::{ApiError, Condition, Provider};
+use sluice_core::{ApiError, Condition};
 use sluice_telemetry::metrics::{BackendLabels, RetryLabels};
 use sluice_telemetry::{Attempt, RequestRecord, trace};
 
+use crate::backend_api::Adapter;
 use crate::balance::{self, now_ms};
-use crate::body::{Body, BoxError, full};
+use crate::body::{Body, BoxError};
 use crate::chain::Outgoing;
 use crate::gateway::Gateway;
-use crate::provider;
+use crate::headers::{self, ForBackend};
 use crate::snapshot::{Backend, Route};
 use crate::upstream::Refused;
-
-/// The W3C trace context header, read from the client and written to the
-/// upstream. A name, not a string: inserting a string key allocates the
-/// name each time.
-pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-
-/// How much of an error response is read to find its code.
-const ERROR_BODY_LIMIT: usize = 64 << 10;
 
 /// What the upstream phase ends with.
 pub(crate) struct Forwarded {
@@ -193,32 +186,19 @@ async fn attempt(
     } else {
         headers.clone_from(&outgoing.headers);
     }
-    match backend.target.host() {
-        Some(host) => {
-            headers.insert(header::HOST, host.clone());
-        }
-        None => {
-            headers.remove(header::HOST);
-        }
-    }
-    headers.remove(header::CONTENT_LENGTH);
-    if backend.provider == Provider::Anthropic {
-        provider::anthropic_headers(headers);
-    }
-    if let Some((name, value)) = &backend.credential {
-        headers.insert(name.clone(), value.clone());
-    }
-    // After the plugins: none of them can take the mark off, and a request
-    // that comes back with it is refused (`proxy::refuse_loops`).
-    headers.append(header::VIA, gateway.settings.via.clone());
     // The upstream's parent span is this attempt's.
-    let span_id = record.trace.as_ref().map(|trace| {
+    let traced = record.trace.as_ref().map(|trace| {
         let span_id = trace::new_span_id();
-        if let Ok(value) = HeaderValue::from_str(&trace.traceparent(span_id)) {
-            headers.insert(TRACEPARENT, value);
-        }
-        span_id
+        (span_id, HeaderValue::from_str(&trace.traceparent(span_id)).ok())
     });
+    let (span_id, traceparent) = traced.map_or((None, None), |(id, value)| (Some(id), value));
+    let rules = ForBackend {
+        backend,
+        via: &gateway.settings.via,
+        traceparent,
+        plugins_read_response: outgoing.plugins_read_response,
+    };
+    headers::for_backend(headers, rules);
     let timeout = head_timeout(route, backend);
     let client = backend.client.as_ref().unwrap_or(&gateway.upstream);
     let start = record.elapsed();
@@ -265,14 +245,12 @@ async fn attempt(
     let retry_after = balance::retry_after(response.headers());
     let response = response.map(|body| body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync());
     let idle = backend.timeouts.idle.unwrap_or(gateway.settings.upstream_idle_timeout);
-    let (response, error_code) = match backend.provider {
-        Provider::Anthropic => match provider::anthropic_response(response, prepared.stream, gateway, idle).await {
+    let api = Adapter::of(backend.provider);
+    let (response, error_code) =
+        match api.response(response, prepared.stream, &gateway.settings, idle, needs_error_code).await {
             Ok(translated) => translated,
             Err(error) => return Tried { response: Err(error), failure: Some(Condition::Reset), retry_after },
-        },
-        Provider::OpenAi if needs_error_code && status == 400 => with_error_code(response, idle).await,
-        Provider::OpenAi => (response, None),
-    };
+        };
     let failure = match error_code.as_deref() {
         Some("context_length_exceeded") => Some(Condition::ContextLengthExceeded),
         _ => Condition::of_status(status),
@@ -305,48 +283,8 @@ fn prepare(backend: &Backend, outgoing: &Outgoing) -> Result<Prepared, ApiError>
         .target
         .uri(&outgoing.path)
         .map_err(|e| ApiError::internal(format!("backend url {}: {e}", backend.label)))?;
-    match backend.provider {
-        Provider::OpenAi => {
-            let body = match &backend.model {
-                Some(model) => rewrite_model(&outgoing.body, model)?,
-                None => outgoing.body.clone(),
-            };
-            Ok(Prepared { uri, body, stream: None })
-        }
-        Provider::Anthropic => {
-            let suffix = outgoing.path.strip_prefix("/v1").unwrap_or(&outgoing.path);
-            let (body, stream, include_usage) =
-                provider::anthropic_request(suffix, &outgoing.body, backend.model.as_deref())?;
-            Ok(Prepared { uri, body, stream: stream.then_some(include_usage) })
-        }
-    }
-}
-
-/// Reads a (small) error response to find its OpenAI `code`, and puts the
-/// body back for the client.
-async fn with_error_code(response: http::Response<Body>, idle: Duration) -> (http::Response<Body>, Option<String>) {
-    let (parts, body) = response.into_parts();
-    match crate::body::collect_limited(body, ERROR_BODY_LIMIT, idle).await {
-        Ok(bytes) => {
-            let code = provider::error_code(&bytes);
-            (http::Response::from_parts(parts, full(bytes)), code)
-        }
-        // Too large or cut short: not an error body a client could read either.
-        Err(error) => {
-            tracing::warn!(%error, "reading an upstream's error response");
-            (http::Response::from_parts(parts, full(Bytes::new())), None)
-        }
-    }
-}
-
-/// The body with its `model` set to the backend's, every other byte as the
-/// client (or the chain) wrote it.
-pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
-    // A plugin may have written the body: it must at least be JSON.
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map_err(|e| ApiError::internal(format!("the plugin chain left a body that is not JSON: {e}")))?;
-    let model = serde_json::Value::from(model).to_string();
-    Ok(sluice_chat::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
+    let translated = Adapter::of(backend.provider).request(&outgoing.path, &outgoing.body, backend.model.as_deref())?;
+    Ok(Prepared { uri, body: translated.body, stream: translated.stream })
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -20,7 +20,7 @@ pub fn model_by_serde(body: &[u8]) -> Result<String, (u16, &'static str)> {
 
 /// The body with a backend's model in place of the client's.
 pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, (u16, &'static str)> {
-    crate::forward::rewrite_model(body, model).map_err(|e| (e.status, e.code))
+    crate::json::rewrite_model(body, model).map_err(|e| (e.status, e.code))
 }
 
 /// The `usage` of an upstream's JSON response or final stream chunk, as

@@ -1,5 +1,19 @@
 //! Reading one member out of a JSON document without building a tree of it,
-//! refusing any object that names a member twice (`sluice_chat::check_members`).
+//! refusing any object that names a member twice (`sluice_chat::check_members`),
+//! and setting the `model` member of a body.
+
+use bytes::Bytes;
+use sluice_core::ApiError;
+
+/// The body with its `model` set to `model`, every other byte as the
+/// client (or the chain) wrote it.
+pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
+    // A plugin may have written the body: it must at least be JSON.
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map_err(|e| ApiError::internal(format!("the plugin chain left a body that is not JSON: {e}")))?;
+    let model = serde_json::Value::from(model).to_string();
+    Ok(sluice_chat::set_member(body, "model", &model).map_or_else(|| body.clone(), Bytes::from))
+}
 
 /// Any JSON value, checked as `serde_json::Value` checks it (every string
 /// decoded, every number in range) and with no name twice in an object,

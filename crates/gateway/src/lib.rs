@@ -6,6 +6,7 @@
 //! version. No Kubernetes type is compiled here.
 
 mod admin;
+mod backend_api;
 mod balance;
 mod body;
 mod chain;
@@ -14,8 +15,8 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
+mod headers;
 mod json;
-mod provider;
 mod proxy;
 mod response;
 mod server;

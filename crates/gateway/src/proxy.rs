@@ -17,8 +17,8 @@ use sluice_telemetry::{RequestRecord, request_id, trace};
 use crate::body::{Body, ErrorCode, error_response, json_response};
 use crate::chain::Outgoing;
 use crate::fallback::{self, Hop};
-use crate::forward::TRACEPARENT;
 use crate::gateway::Gateway;
+use crate::headers::TRACEPARENT;
 use sluice_runtime::headers::not_utf8;
 
 use crate::json::Checked;
@@ -506,7 +506,7 @@ mod tests {
         let body = Bytes::from_static(br#"{"model":"m","temperature":0.5,"seed":18446744073709551615}"#);
         assert_eq!(model_of(&body).unwrap(), "m");
         let rewritten: serde_json::Value =
-            serde_json::from_slice(&crate::forward::rewrite_model(&body, "backend").unwrap()).unwrap();
+            serde_json::from_slice(&crate::json::rewrite_model(&body, "backend").unwrap()).unwrap();
         assert_eq!(
             rewritten,
             serde_json::json!({"model": "backend", "temperature": 0.5, "seed": 18446744073709551615u64})

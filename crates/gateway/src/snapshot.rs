@@ -5,8 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
-use http::header::{self, HeaderName};
+use http::{HeaderName, HeaderValue};
 use serde::Serialize;
 use sluice_core::config::Endpoints;
 use sluice_core::{
@@ -18,6 +17,7 @@ use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstanc
 use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
 
+use crate::backend_api::Adapter;
 use crate::balance::{Balancer, Budget, Health, now_ms};
 use crate::target::Target;
 use crate::upstream::UpstreamClient;
@@ -479,10 +479,7 @@ fn build_route(
         .iter()
         .map(|b| {
             let key = b.api_key.as_ref().map(resolve_api_key).transpose()?;
-            let credential = key.map(|key| match b.provider {
-                Provider::OpenAi => bearer(&key).map(|value| (header::AUTHORIZATION, value)),
-                Provider::Anthropic => sensitive(&key).map(|value| (HeaderName::from_static("x-api-key"), value)),
-            });
+            let credential = key.map(|key| Adapter::of(b.provider).credential(&key));
             // What the route learned of a backend, and its pooled
             // connections, outlive a config change.
             let old = previous
@@ -530,17 +527,6 @@ fn resolve_api_key(source: &ApiKeySource) -> Result<String, String> {
         }
         ApiKeySource::Value(secret) => secret.expose().to_string(),
     })
-}
-
-fn bearer(key: &str) -> Result<HeaderValue, String> {
-    sensitive(&format!("Bearer {}", key.trim()))
-}
-
-fn sensitive(value: &str) -> Result<HeaderValue, String> {
-    let mut value = HeaderValue::from_str(value.trim())
-        .map_err(|_| "the API key holds characters not allowed in a header".to_string())?;
-    value.set_sensitive(true);
-    Ok(value)
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 use http::{HeaderValue, Uri};
 use sluice_core::Provider;
 
+use crate::backend_api::Adapter;
+
 /// The OpenAI endpoints that carry a `model` and are forwarded.
 pub(crate) const FORWARDED: &[&str] = &sluice_core::config::Endpoints::FORWARDED;
 
@@ -47,14 +49,8 @@ impl Target {
     }
 }
 
-/// `/v1/chat/completions` goes to `{backend url}/chat/completions`: the
-/// backend URL names the API root, `/v1` included. Anthropic's API takes
-/// every chat at `/messages`.
 fn uri_of(url: &str, provider: Provider, path: &str) -> String {
-    match provider {
-        Provider::OpenAi => format!("{url}{}", path.strip_prefix("/v1").unwrap_or(path)),
-        Provider::Anthropic => format!("{url}/messages"),
-    }
+    Adapter::of(provider).url(url, path)
 }
 
 #[cfg(test)]

@@ -1,20 +1,20 @@
-//! Backends that speak another API than OpenAI's: the request translated on
-//! the way out, the response (whole, streamed or an error) on the way back,
-//! so that plugins and clients only ever see OpenAI's shapes.
+//! Anthropic's Messages API: the chat request translated on the way out,
+//! the response (whole, streamed or an error) on the way back.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, header};
+use http::{HeaderMap, HeaderName, HeaderValue, header};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use sluice_core::ApiError;
 use sluice_providers::anthropic;
 
+use super::{Translated, error_code, sensitive};
 use crate::body::{Body, BoxError, Held, collect_held, full_held};
-use crate::gateway::Gateway;
+use crate::gateway::Settings;
 use crate::sse::{EventSplitter, data_event, data_of};
 
 /// The largest error body read from a backend to translate it.
@@ -23,13 +23,19 @@ const MAX_ERROR_BYTES: usize = 1 << 20;
 /// The longest server-sent event held while waiting for its end.
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
-/// An OpenAI request for an Anthropic backend: its body, whether the
-/// response will stream, and whether the client asked for usage in it.
-pub(crate) fn anthropic_request(
-    path: &str,
-    body: &Bytes,
-    model: Option<&str>,
-) -> Result<(Bytes, bool, bool), ApiError> {
+/// Anthropic's API takes every chat at `/messages`.
+pub(super) fn url(url: &str) -> String {
+    format!("{url}/messages")
+}
+
+pub(super) fn credential(key: &str) -> Result<(HeaderName, HeaderValue), String> {
+    Ok((HeaderName::from_static("x-api-key"), sensitive(key)?))
+}
+
+/// An OpenAI request for an Anthropic backend: its body, and whether the
+/// response will stream and the client asked for usage in it.
+pub(super) fn request(path: &str, body: &Bytes, model: Option<&str>) -> Result<Translated, ApiError> {
+    let path = path.strip_prefix("/v1").unwrap_or(path);
     if path != "/chat/completions" {
         return Err(ApiError::invalid_request(
             "unsupported_endpoint",
@@ -37,7 +43,9 @@ pub(crate) fn anthropic_request(
         ));
     }
     match anthropic::chat_request(body, model) {
-        Ok(request) => Ok((Bytes::from(request.body), request.stream, request.include_usage)),
+        Ok(request) => {
+            Ok(Translated { body: Bytes::from(request.body), stream: request.stream.then_some(request.include_usage) })
+        }
         Err(error) if error.is_client_error() => Err(ApiError::invalid_request("invalid_request", error.to_string())),
         Err(error) => Err(ApiError::internal(error.to_string())),
     }
@@ -46,22 +54,20 @@ pub(crate) fn anthropic_request(
 /// The headers Anthropic's API wants. The client's `Authorization` (its
 /// credential for the gateway) is not Anthropic's to see; the backend's key
 /// goes in `x-api-key`.
-pub(crate) fn anthropic_headers(headers: &mut HeaderMap) {
+pub(super) fn request_headers(headers: &mut HeaderMap) {
     headers.remove(header::AUTHORIZATION);
     if !headers.contains_key("anthropic-version") {
         headers.insert("anthropic-version", HeaderValue::from_static(anthropic::API_VERSION));
     }
-    // The body is translated: it must arrive as text.
-    headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
 }
 
 /// An Anthropic response as OpenAI's, with the OpenAI error code if it is
 /// an error. `stream`: the request streams, and whether the client asked
 /// for usage in the stream.
-pub(crate) async fn anthropic_response(
+pub(super) async fn response(
     response: http::Response<Body>,
     stream: Option<bool>,
-    gateway: &Gateway,
+    settings: &Settings,
     idle: Duration,
 ) -> Result<(http::Response<Body>, Option<String>), ApiError> {
     let (mut parts, body) = response.into_parts();
@@ -75,14 +81,14 @@ pub(crate) async fn anthropic_response(
         && let Some(include_usage) = stream
         && event_stream
     {
-        let held = gateway.settings.response_buffers.hold(None);
+        let held = settings.response_buffers.hold(None);
         return Ok((http::Response::from_parts(parts, translate_stream(body, include_usage, held)), None));
     }
-    let limit = if parts.status.is_success() { gateway.settings.max_body_bytes } else { MAX_ERROR_BYTES };
+    let limit = if parts.status.is_success() { settings.max_body_bytes } else { MAX_ERROR_BYTES };
     // The whole body is held to translate it: charged to the budget all
     // responses share as it arrives, and kept charged (as the translation)
     // until it is sent.
-    let mut held = gateway.settings.response_buffers.hold(None);
+    let mut held = settings.response_buffers.hold(None);
     let bytes = collect_held(body, limit, idle, &mut held)
         .await
         .map_err(|error| error.into_api_error("reading the Anthropic backend's response"))?;
@@ -103,19 +109,6 @@ fn held_body(translated: impl Into<Bytes>, mut held: Held) -> Body {
     let translated = translated.into();
     let _ = held.resize(translated.len());
     full_held(translated, held)
-}
-
-/// The `code` of an OpenAI-shaped error body.
-pub(crate) fn error_code(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        error: Inner,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inner {
-        code: Option<String>,
-    }
-    serde_json::from_slice::<Envelope>(body).ok()?.error.code
 }
 
 /// Anthropic's events, as OpenAI's chunks, as they arrive.
