@@ -13,12 +13,13 @@
 //! backend that turns OTLP names back into Prometheus ones gets exactly the
 //! names /metrics serves, and dashboards work on either path.
 //!
-//! Pushes run on a thread of their own, never on the request path: one at a
-//! time, each bounded by a timeout; a push that would start while one is
-//! still running is skipped, not queued. Shutting down pushes once more.
+//! Pushes run on the export runtime the traces use too, never on the request
+//! path: one at a time, each bounded by a timeout; a push that would start
+//! while one is still running is skipped, not queued. Shutting down pushes
+//! once more.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -96,12 +97,13 @@ type Refresh = Box<dyn Fn() + Send + Sync>;
 /// pushes once more, then stops.
 pub struct MetricsGuard {
     stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Hears (or sees closed) when the pushes have stopped.
+    stopped: Option<mpsc::Receiver<()>>,
     refresh: Arc<OnceLock<Refresh>>,
 }
 
 impl MetricsGuard {
-    /// Runs `refresh` before each push (on the pushing thread), as /metrics
+    /// Runs `refresh` before each push (on the export runtime), as /metrics
     /// does before each scrape: for the values measured when read, such as
     /// the plugin instances. Only the first one set is kept.
     pub fn refresh_before_push(&self, refresh: impl Fn() + Send + Sync + 'static) {
@@ -119,10 +121,11 @@ impl MetricsGuard {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(thread) = self.thread.take() {
+        if let Some(stopped) = self.stopped.take() {
             // Bounded: the push in flight is cancelled, the last one has a
-            // timeout.
-            let _ = thread.join();
+            // timeout. Not awaited: this may be a runtime's thread, and the
+            // pushes run on the export runtime's.
+            let _ = stopped.recv();
         }
     }
 }
@@ -288,10 +291,9 @@ fn proto_resource(resource: &opentelemetry_sdk::Resource) -> (Resource, String) 
     (resource, schema_url.unwrap_or_default())
 }
 
-/// Starts the pushing thread, with its own single-threaded runtime: the
-/// process's may be busy, single-threaded, or gone by the last push.
+/// Starts the pushes, a task on the export runtime (the traces' too).
 fn start_pushing(settings: Settings, resource: (Resource, String), start: u64) -> Result<MetricsGuard, MetricsError> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(MetricsError::Runtime)?;
+    let runtime = crate::export::runtime().map_err(MetricsError::Runtime)?;
     let transport = {
         // tonic's channel spawns its worker where it is built.
         let _runtime = runtime.enter();
@@ -307,13 +309,14 @@ fn start_pushing(settings: Settings, resource: (Resource, String), start: u64) -
         refresh: refresh.clone(),
         failing: false,
     };
-    let (stop, stopped) = oneshot::channel();
+    let (stop, stop_heard) = oneshot::channel();
+    let (done, stopped) = mpsc::sync_channel(1);
     let interval = settings.interval;
-    let thread = std::thread::Builder::new()
-        .name("sluice-metrics".into())
-        .spawn(move || runtime.block_on(pusher.run(interval, stopped)))
-        .map_err(MetricsError::Runtime)?;
-    Ok(MetricsGuard { stop: Some(stop), thread: Some(thread), refresh })
+    runtime.spawn(async move {
+        pusher.run(interval, stop_heard).await;
+        let _ = done.send(());
+    });
+    Ok(MetricsGuard { stop: Some(stop), stopped: Some(stopped), refresh })
 }
 
 enum Transport {

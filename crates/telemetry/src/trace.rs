@@ -141,8 +141,8 @@ fn setting(name: &'static str, message: impl Into<String>) -> TraceError {
 /// Keeps the exporter running: [`TraceGuard::shutdown`] (or dropping it)
 /// exports the spans still queued, then stops it.
 pub struct TraceGuard {
-    processor: Arc<BatchSpanProcessor>,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Until shut down.
+    processor: Option<Arc<BatchSpanProcessor>>,
 }
 
 impl TraceGuard {
@@ -153,12 +153,10 @@ impl TraceGuard {
     }
 
     fn close(&mut self) {
-        let Some(runtime) = self.runtime.take() else { return };
-        if let Err(error) = self.processor.shutdown() {
+        let Some(processor) = self.processor.take() else { return };
+        if let Err(error) = processor.shutdown() {
             tracing::warn!(%error, "the last spans were not all exported");
         }
-        // Not dropped: dropping a runtime inside another one panics.
-        runtime.shutdown_background();
     }
 }
 
@@ -231,16 +229,9 @@ fn build(config: TraceConfig, env: Env) -> Result<Option<(Tracer, TraceGuard)>, 
         None => sampler_from_env(env)?,
     };
 
-    // The exporter's own runtime: tonic and hyper need one, the batch
-    // processor exports from its own thread, and the process's runtime may
-    // be busy, single-threaded or gone by the time the last spans go out.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .max_blocking_threads(1)
-        .thread_name("sluice-otlp")
-        .enable_all()
-        .build()
-        .map_err(TraceError::Runtime)?;
+    // The batch processor exports from its own thread, each export on the
+    // runtime the metrics are pushed from too.
+    let runtime = crate::export::runtime().map_err(TraceError::Runtime)?;
     let mut exporter = {
         // tonic's channel spawns its worker where it is built.
         let _runtime = runtime.enter();
@@ -268,7 +259,7 @@ fn build(config: TraceConfig, env: Env) -> Result<Option<(Tracer, TraceGuard)>, 
     let exporter = OnRuntime { exporter: Arc::new(exporter), runtime: runtime.handle().clone() };
     let processor = Arc::new(BatchSpanProcessor::builder(exporter).build());
     let tracer = Tracer { sampler, processor: processor.clone() };
-    Ok(Some((tracer, TraceGuard { processor, runtime: Some(runtime) })))
+    Ok(Some((tracer, TraceGuard { processor: Some(processor) })))
 }
 
 /// The traces URL under an OTLP/HTTP base URL, as the exporter makes it of
