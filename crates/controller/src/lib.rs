@@ -9,11 +9,15 @@
 //! of domain types, so this crate knows nothing of wasmtime or hyper.
 
 mod feed;
+#[cfg(test)]
+mod fixtures;
 mod leader;
 mod replica;
 mod secrets;
 mod status;
 mod tenancy;
+#[cfg(test)]
+mod tests;
 mod translate;
 
 use std::future::Future;

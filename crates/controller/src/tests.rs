@@ -1,0 +1,259 @@
+//! The controller against the in-memory API server of [`crate::fixtures`]:
+//! the leader Lease, the status reconciles and the feed, with no API server
+//! process (tests/e2e runs the same code against a real one).
+
+mod leader {
+    use std::time::Duration;
+
+    use http::{Method, StatusCode};
+    use serde_json::{Value, json};
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    use crate::fixtures::{ApiServerVerifier, lease, mock_client, verified};
+    use crate::leader::{Elector, Timing, lead};
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/sluice/leases";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/sluice/leases/lead";
+    /// A time written by another node, whose clock is not ours.
+    const LONG_AGO: &str = "2001-01-01T00:00:00.000000Z";
+    const FAR_AHEAD: &str = "2101-01-01T00:00:00.000000Z";
+
+    /// `what`, or the test fails after a minute (of the paused clock, which
+    /// jumps ahead when every task waits: no real minute passes).
+    async fn within<T>(what: &str, future: impl std::future::Future<Output = Option<T>>) -> T {
+        let outcome = tokio::time::timeout(Duration::from_secs(60), future).await;
+        outcome.unwrap_or_else(|_| panic!("{what}: not within a minute")).unwrap_or_else(|| panic!("{what}: never"))
+    }
+
+    fn elector(client: kube::Client) -> Elector {
+        Elector::new(client, "sluice", "lead", "replica-a", Timing::DEFAULT.lease_duration)
+    }
+
+    fn held_by(holder: &str, transitions: i32, renewed: &str) -> Value {
+        json!({"holderIdentity": holder, "leaseDurationSeconds": 15, "acquireTime": LONG_AGO,
+               "renewTime": renewed, "leaseTransitions": transitions})
+    }
+
+    /// Answers a GET with "not found" and the create that follows with the
+    /// Lease created; checks the create is a claim by replica-a.
+    async fn create(api: &mut ApiServerVerifier) {
+        api.expect(Method::GET, LEASE).await.fail(404, "NotFound");
+        let create = api.expect(Method::POST, LEASES).await;
+        let spec = &create.body["spec"];
+        assert_eq!(create.body["metadata"]["name"], "lead");
+        assert_eq!(spec["holderIdentity"], "replica-a");
+        assert_eq!(spec["leaseDurationSeconds"], 15);
+        assert_eq!(spec["leaseTransitions"], 0);
+        assert!(spec["renewTime"].is_string() && spec["acquireTime"] == spec["renewTime"], "{spec}");
+        let created = lease("lead", "1", spec.clone());
+        create.respond(StatusCode::CREATED, &created);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_free_lease_is_created_then_renewed_with_the_version_read() {
+        let (client, mut api) = mock_client();
+        let verifier = tokio::spawn(async move {
+            create(&mut api).await;
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "1", held_by("replica-a", 0, LONG_AGO)));
+            let renew = api.expect(Method::PUT, LEASE).await;
+            // The version read: a write in between makes this one fail.
+            assert_eq!(renew.body["metadata"]["resourceVersion"], "1");
+            let spec = &renew.body["spec"];
+            assert_eq!((&spec["holderIdentity"], &spec["leaseTransitions"]), (&json!("replica-a"), &json!(0)));
+            assert_eq!(spec["acquireTime"], LONG_AGO, "a renewal is no new acquisition");
+            assert_ne!(spec["renewTime"], LONG_AGO, "a renewal moves renewTime");
+            let renewed = lease("lead", "2", spec.clone());
+            renew.ok(&renewed);
+            api
+        });
+        let mut elector = elector(client);
+        let started = Instant::now();
+        assert!(elector.try_lead().await.unwrap(), "a free Lease is taken");
+        assert_eq!(elector.term_ends(Duration::from_secs(10)), Some(started + Duration::from_secs(10)));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let renewed = Instant::now();
+        assert!(elector.try_lead().await.unwrap(), "the holder keeps it");
+        assert_eq!(elector.term_ends(Duration::from_secs(10)), Some(renewed + Duration::from_secs(10)));
+        let api = verified(verifier).await;
+        drop(elector);
+        api.done().await;
+    }
+
+    /// Whether the holder is gone is judged by how long this replica has
+    /// seen the Lease unchanged, never by the times written in it by
+    /// another node's clock: neither a renewTime long past nor one far ahead
+    /// decides anything.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_another_holds_is_taken_only_once_unchanged_for_a_lease_duration() {
+        let (client, mut api) = mock_client();
+        let (step_tx, mut step_rx) = mpsc::channel::<()>(1);
+        let verifier = tokio::spawn(async move {
+            // Seen first at 0 s, written (by its clock) long ago: not taken.
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "7", held_by("replica-b", 3, LONG_AGO)));
+            step_tx.send(()).await.unwrap();
+            // At 10 s the holder has renewed it (its clock far ahead).
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "8", held_by("replica-b", 3, FAR_AHEAD)));
+            step_tx.send(()).await.unwrap();
+            // At 24 s: 24 s since first seen, but 14 s since it changed.
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "8", held_by("replica-b", 3, FAR_AHEAD)));
+            step_tx.send(()).await.unwrap();
+            // At 25 s it has not changed for 15 s: taken, with the version read.
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "8", held_by("replica-b", 3, FAR_AHEAD)));
+            let take = api.expect(Method::PUT, LEASE).await;
+            assert_eq!(take.body["metadata"]["resourceVersion"], "8");
+            let spec = &take.body["spec"];
+            assert_eq!(spec["holderIdentity"], "replica-a");
+            assert_eq!(spec["leaseTransitions"], 4);
+            assert_ne!(spec["acquireTime"], LONG_AGO, "a new holder's acquireTime");
+            let taken = lease("lead", "9", spec.clone());
+            take.ok(&taken);
+            api
+        });
+        let mut elector = elector(client);
+        for (at, why) in [(10, "held, just seen"), (14, "just renewed"), (1, "changed 14 s ago")] {
+            assert!(!elector.try_lead().await.unwrap(), "{why}");
+            step_rx.recv().await.unwrap();
+            tokio::time::advance(Duration::from_secs(at)).await;
+        }
+        assert!(elector.try_lead().await.unwrap(), "unchanged for the whole lease duration");
+        let api = verified(verifier).await;
+        drop(elector);
+        api.done().await;
+    }
+
+    /// Two candidates writing the same version: the API server lets one
+    /// through and answers the other 409, which is not leading (nor an error).
+    #[tokio::test(start_paused = true)]
+    async fn the_candidate_whose_write_conflicts_does_not_lead() {
+        let (client, mut api) = mock_client();
+        let verifier = tokio::spawn(async move {
+            // Created by another candidate between our GET and our POST.
+            api.expect(Method::GET, LEASE).await.fail(404, "NotFound");
+            api.expect(Method::POST, LEASES).await.fail(409, "AlreadyExists");
+            // Released: free to take, but another candidate writes first.
+            let free = json!({"leaseDurationSeconds": 15, "leaseTransitions": 1});
+            api.expect(Method::GET, LEASE).await.ok(&lease("lead", "3", free));
+            let take = api.expect(Method::PUT, LEASE).await;
+            assert_eq!(take.body["metadata"]["resourceVersion"], "3");
+            take.fail(409, "Conflict");
+            api
+        });
+        let mut elector = elector(client);
+        assert!(!elector.try_lead().await.unwrap(), "the create lost");
+        assert!(!elector.try_lead().await.unwrap(), "the take lost");
+        assert_eq!(elector.term_ends(Duration::from_secs(10)), None, "never led");
+        let api = verified(verifier).await;
+        drop(elector);
+        api.done().await;
+    }
+
+    /// The leader-only work for [`lead`]: it reports each start, and its
+    /// stop (the task aborted, so its future dropped) with the time.
+    fn work() -> (impl FnMut() -> tokio::task::JoinHandle<()>, mpsc::Receiver<()>, mpsc::Receiver<Instant>) {
+        struct Stopped(mpsc::Sender<Instant>);
+        impl Drop for Stopped {
+            fn drop(&mut self) {
+                let _ = self.0.try_send(Instant::now());
+            }
+        }
+        let (started_tx, started_rx) = mpsc::channel(4);
+        let (stopped_tx, stopped_rx) = mpsc::channel(4);
+        let work = move || {
+            let (started, stopped) = (started_tx.clone(), Stopped(stopped_tx.clone()));
+            tokio::spawn(async move {
+                let _stopped = stopped;
+                started.send(()).await.unwrap();
+                std::future::pending::<()>().await;
+            })
+        };
+        (work, started_rx, stopped_rx)
+    }
+
+    /// A renewal the API server refuses ends the lead at once, and a leader
+    /// that is not leading gives nothing up on shutdown.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_renewal_stops_the_leaders_work() {
+        let (client, mut api) = mock_client();
+        let (work, mut started, mut stopped) = work();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn(lead(elector(client), Timing::DEFAULT, work, async move {
+            let _ = shutdown_rx.await;
+        }));
+        create(&mut api).await;
+        within("the work starts", started.recv()).await;
+        let renewal = api.expect(Method::GET, LEASE).await;
+        let failed_at = Instant::now();
+        renewal.fail(500, "InternalError");
+        let stopped_at = within("the work stops", stopped.recv()).await;
+        assert_eq!(stopped_at, failed_at, "stopped on the failure, not later");
+        shutdown_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), leader).await.expect("lead returns on shutdown").unwrap();
+        assert!(started.try_recv().is_err(), "started once");
+        api.done().await;
+    }
+
+    /// A partition: the renewal hangs, unanswered. The leader stops its work
+    /// within the renew deadline of its last successful renewal, before the
+    /// others (who count the lease duration from no earlier than that
+    /// renewal) may take the Lease.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_expire() {
+        let (client, mut api) = mock_client();
+        let (work, mut started, mut stopped) = work();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn(lead(elector(client), Timing::DEFAULT, work, async move {
+            let _ = shutdown_rx.await;
+        }));
+        create(&mut api).await;
+        within("the work starts", started.recv()).await;
+        // One good renewal, 4 s later.
+        let renewal = api.expect(Method::GET, LEASE).await;
+        let renewed_at = Instant::now();
+        renewal.ok(&lease("lead", "1", held_by("replica-a", 0, LONG_AGO)));
+        let put = api.expect(Method::PUT, LEASE).await;
+        let renewed = lease("lead", "2", put.body["spec"].clone());
+        put.ok(&renewed);
+        // The next is never answered.
+        let _hanging = api.expect(Method::GET, LEASE).await;
+        let stopped_at = within("the work stops", stopped.recv()).await;
+        let timing = Timing::DEFAULT;
+        assert_eq!(stopped_at - renewed_at, timing.renew_deadline, "stopped when the term ended");
+        assert!(stopped_at < renewed_at + timing.lease_duration);
+        shutdown_tx.send(()).unwrap();
+        // No writes while cut off (the GET before this could be the next try).
+        let after = tokio::spawn(async move {
+            while let Some(exchange) = api.next_if_any().await {
+                assert_eq!(exchange.method, Method::GET, "a write after the lead was lost: {}", exchange.path);
+                exchange.fail(503, "ServiceUnavailable");
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(60), leader).await.expect("lead returns on shutdown").unwrap();
+        after.await.unwrap();
+        assert!(started.try_recv().is_err(), "started once");
+    }
+
+    /// On shutdown the leader stops its work and clears the holder, so
+    /// another replica takes over without waiting for the Lease to expire.
+    #[tokio::test(start_paused = true)]
+    async fn on_shutdown_the_leader_stops_its_work_and_gives_the_lease_up() {
+        let (client, mut api) = mock_client();
+        let (work, mut started, mut stopped) = work();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn(lead(elector(client), Timing::DEFAULT, work, async move {
+            let _ = shutdown_rx.await;
+        }));
+        create(&mut api).await;
+        within("the work starts", started.recv()).await;
+        shutdown_tx.send(()).unwrap();
+        api.expect(Method::GET, LEASE).await.ok(&lease("lead", "1", held_by("replica-a", 0, LONG_AGO)));
+        let release = api.expect(Method::PUT, LEASE).await;
+        assert_eq!(release.body["metadata"]["resourceVersion"], "1");
+        assert_eq!(release.body["spec"].get("holderIdentity"), None, "{}", release.body);
+        let released = lease("lead", "2", release.body["spec"].clone());
+        release.ok(&released);
+        tokio::time::timeout(Duration::from_secs(60), leader).await.expect("lead returns on shutdown").unwrap();
+        within("the work stops", stopped.recv()).await;
+        api.done().await;
+    }
+}
