@@ -108,3 +108,27 @@ pub fn lease(name: &str, version: &str, spec: Value) -> Value {
         "spec": spec,
     })
 }
+
+/// An AIModelRoute in namespace `team`.
+pub fn route(name: &str, generation: i64, spec: Value) -> Value {
+    json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
+        "metadata": {"name": name, "namespace": "team", "generation": generation, "uid": format!("uid-{name}"),
+                     "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec,
+    })
+}
+
+/// A GatewayPlugin in namespace `team`.
+pub fn plugin(name: &str, generation: i64, spec: Value) -> Value {
+    json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "GatewayPlugin",
+        "metadata": {"name": name, "namespace": "team", "generation": generation, "uid": format!("uid-{name}"),
+                     "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec,
+    })
+}
+
+pub fn object<K: serde::de::DeserializeOwned>(value: Value) -> K {
+    serde_json::from_value(value).expect("a valid object")
+}

@@ -257,3 +257,173 @@ mod leader {
         api.done().await;
     }
 }
+
+mod feed {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::Stream;
+    use http::Method;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::watcher::{self, Event};
+    use parking_lot::Mutex;
+    use serde_json::{Value, json};
+    use sluice_api::{AIModelRoute, GatewayPlugin};
+    use sluice_core::{ApiKeySource, ConfigUpdate, DesiredConfig};
+    use tokio::sync::{mpsc, watch};
+
+    use crate::Tenancy;
+    use crate::feed::{Feed, Published};
+    use crate::fixtures::{ApiServerVerifier, mock_client, object, plugin, route};
+
+    type Sender<K> = mpsc::Sender<Result<Event<K>, watcher::Error>>;
+
+    /// A watch the test writes the events of.
+    fn watch_stream<K: Send + 'static>() -> (Sender<K>, impl Stream<Item = Result<Event<K>, watcher::Error>> + Send) {
+        let (tx, rx) = mpsc::channel(16);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
+        (tx, stream)
+    }
+
+    async fn list<K>(tx: &Sender<K>, objects: Vec<K>) {
+        tx.send(Ok(Event::Init)).await.unwrap();
+        for object in objects {
+            tx.send(Ok(Event::InitApply(object))).await.unwrap();
+        }
+        tx.send(Ok(Event::InitDone)).await.unwrap();
+    }
+
+    /// Returns once the feed has taken every event sent on `tx` and gone
+    /// back to waiting: the test runtime has one thread, so the test runs
+    /// again only when the feed waits, and a publish it would make on these
+    /// events has been made.
+    async fn taken<K>(tx: &Sender<K>) {
+        while tx.capacity() < tx.max_capacity() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn secret_metadata(version: &str) -> PartialObjectMeta<Secret> {
+        object(json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                      "metadata": {"name": "key", "namespace": "team", "resourceVersion": version}}))
+    }
+
+    /// Answers the feed's fetch of the Secret `key` with `value` as its `token`.
+    async fn serve_secret(api: &mut ApiServerVerifier, version: &str, value: &str) {
+        let get = api.expect(Method::GET, "/api/v1/namespaces/team/secrets/key").await;
+        use k8s_openapi::ByteString;
+        let data = json!({"token": ByteString(value.as_bytes().to_vec())});
+        get.ok(&json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+                       "metadata": {"name": "key", "namespace": "team", "resourceVersion": version}}));
+    }
+
+    async fn next(updates: &mut watch::Receiver<Option<ConfigUpdate>>) -> DesiredConfig {
+        tokio::time::timeout(Duration::from_secs(10), updates.changed())
+            .await
+            .expect("a desired config published")
+            .unwrap();
+        match updates.borrow_and_update().clone() {
+            Some(ConfigUpdate::Desired(desired)) => desired,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn r1(generation: i64, model: &str) -> Value {
+        route(
+            "r1",
+            generation,
+            json!({"models": [model], "backends": [{"url": "http://upstream.example:1/v1",
+                   "apiKeySecretRef": {"name": "key", "key": "token"}}]}),
+        )
+    }
+
+    fn api_key(desired: &DesiredConfig, route: &str) -> String {
+        let route = desired.routes.iter().find(|r| r.key.name == route).unwrap();
+        match &route.backends[0].api_key {
+            Some(ApiKeySource::Value(secret)) => secret.expose().to_string(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// What the watches hold, Secrets' data fetched, becomes the desired
+    /// config: once every watch has listed, and again on each change.
+    #[tokio::test]
+    async fn the_watched_objects_become_the_desired_config() {
+        let (client, mut api) = mock_client();
+        let (plugins_tx, plugins) = watch_stream::<GatewayPlugin>();
+        let (routes_tx, routes) = watch_stream::<AIModelRoute>();
+        let (secrets_tx, secrets) = watch_stream::<PartialObjectMeta<Secret>>();
+        let tenancy = Arc::new(Tenancy::default().resolved("team"));
+        let feed = Feed::from_watches(&client, tenancy, plugins, routes, secrets);
+        drop(client);
+        let (updates_tx, mut updates) = watch::channel(None);
+        let (changed_tx, changed) = watch::channel(0u64);
+        let published = Arc::new(Mutex::new(Published::default()));
+        let task = tokio::spawn(feed.run(updates_tx, published.clone(), changed_tx));
+
+        let auth = plugin("auth", 5, json!({"source": {"oci": "r.example/auth:1"}}));
+        let r2 = route(
+            "r2",
+            1,
+            json!({"models": ["n"], "backends": [{"url": "http://other.example:1/v1"}], "plugins": [{"name": "auth"}]}),
+        );
+        // Listed one after another, each taken in by the feed before the
+        // next: a publish on a partial view would show as a revision past 1.
+        list(&routes_tx, vec![object(r1(1, "m")), object(r2)]).await;
+        taken(&routes_tx).await;
+        list(&plugins_tx, vec![object(auth)]).await;
+        taken(&plugins_tx).await;
+        list(&secrets_tx, vec![secret_metadata("5")]).await;
+        serve_secret(&mut api, "5", "sk-one").await;
+        let desired = next(&mut updates).await;
+        assert_eq!((desired.revision, *changed.borrow()), (1, 1), "one publish, of the whole view");
+        let names = |desired: &DesiredConfig| -> Vec<String> {
+            desired.routes.iter().map(|r| format!("{}/{}", r.key.namespace, r.key.name)).collect()
+        };
+        assert_eq!(names(&desired), ["team/r1", "team/r2"]);
+        assert_eq!(desired.plugins.iter().map(|p| p.key.name.as_str()).collect::<Vec<_>>(), ["auth"]);
+        let r1_decl = &desired.routes[0];
+        assert_eq!(
+            (r1_decl.models.as_slice(), r1_decl.backends[0].url.as_str()),
+            (&["m".to_string()][..], "http://upstream.example:1/v1")
+        );
+        assert_eq!(api_key(&desired, "r1"), "sk-one");
+        let r2_plugins: Vec<&str> = desired.routes[1].plugins.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(r2_plugins, ["auth"]);
+        let generations = published.lock().generations(1).expect("revision 1's generations");
+        assert_eq!(generations.plugins.values().copied().collect::<Vec<_>>(), [5]);
+        assert_eq!(generations.routes.len(), 2);
+
+        // The Secret changes: its data is fetched again and served.
+        secrets_tx.send(Ok(Event::Apply(secret_metadata("6")))).await.unwrap();
+        serve_secret(&mut api, "6", "sk-two").await;
+        let desired = next(&mut updates).await;
+        assert_eq!((desired.revision, api_key(&desired, "r1")), (2, "sk-two".to_string()));
+
+        // A new generation of a route.
+        routes_tx.send(Ok(Event::Apply(object(r1(2, "m2"))))).await.unwrap();
+        let desired = next(&mut updates).await;
+        assert_eq!(desired.revision, 3);
+        assert_eq!(desired.routes[0].models, ["m2"]);
+        assert_eq!(published.lock().generations(3).unwrap().routes.values().copied().max(), Some(2));
+
+        // The plugin goes: the route that names it can no longer be served
+        // as it is declared, so its last good version stays.
+        let gone = plugin("auth", 5, json!({"source": {"oci": "r.example/auth:1"}}));
+        plugins_tx.send(Ok(Event::Delete(object(gone)))).await.unwrap();
+        let desired = next(&mut updates).await;
+        assert_eq!(desired.revision, 4);
+        assert!(desired.plugins.is_empty());
+        assert_eq!(names(&desired), ["team/r1", "team/r2"]);
+
+        // A route deleted.
+        routes_tx.send(Ok(Event::Delete(object(r1(2, "m2"))))).await.unwrap();
+        let desired = next(&mut updates).await;
+        assert_eq!((desired.revision, names(&desired)), (5, vec!["team/r2".to_string()]));
+
+        drop(updates);
+        tokio::time::timeout(Duration::from_secs(10), task).await.expect("the feed ends with its data plane").unwrap();
+        api.done().await;
+    }
+}
