@@ -6,6 +6,8 @@
 //! fails it; one it expects and the code does not make leaves the verifier
 //! waiting, and the test's timeout fails it.
 
+use std::collections::BTreeMap;
+
 use http::{Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
@@ -24,6 +26,8 @@ pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
 pub struct Exchange {
     pub method: Method,
     pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub content_type: Option<String>,
     /// The JSON body, or `Null` for none.
     pub body: Value,
     send: SendResponse<Response<Body>>,
@@ -40,9 +44,22 @@ impl ApiServerVerifier {
         let (request, send) = self.0.next_request().await?;
         let method = request.method().clone();
         let path = request.uri().path().to_string();
+        let query = request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                (key.to_string(), value.to_string())
+            })
+            .collect();
+        let content_type =
+            request.headers().get(http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or_default().to_string());
         let bytes = request.into_body().collect_bytes().await.expect("a request body");
         let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("a JSON body") };
-        Some(Exchange { method, path, body, send })
+        Some(Exchange { method, path, query, content_type, body, send })
     }
 
     /// The next request, which must be `method` on `path` and come within a

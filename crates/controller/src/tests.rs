@@ -258,6 +258,256 @@ mod leader {
     }
 }
 
+mod status {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::{Method, StatusCode};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::Client;
+    use kube::runtime::controller::Action;
+    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use serde_json::{Value, json};
+    use sluice_api::{AIModelRoute, GatewayPlugin};
+
+    use crate::Tenancy;
+    use crate::feed::Stores;
+    use crate::fixtures::{ApiServerVerifier, mock_client, object, plugin, route, verified};
+    use crate::replica::Reports;
+    use crate::secrets::ReferencedSecrets;
+    use crate::status::{Context, error_policy, reconcile_plugin, reconcile_route};
+
+    const ROUTES: &str = "/apis/sluice.dev/v1alpha1/namespaces/team/aimodelroutes";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
+
+    /// A leader's context over these objects, with no replica reporting.
+    fn context(client: Client, plugins: &[Value], routes: &[Value]) -> Arc<Context> {
+        let (plugin_store, mut plugin_writer) = reflector::store::<GatewayPlugin>();
+        for p in plugins {
+            plugin_writer.apply_watcher_event(&Event::Apply(object(p.clone())));
+        }
+        let (route_store, mut route_writer) = reflector::store::<AIModelRoute>();
+        for r in routes {
+            route_writer.apply_watcher_event(&Event::Apply(object(r.clone())));
+        }
+        let (secret_metadata, _) = reflector::store();
+        let secrets = Arc::new(ReferencedSecrets::new(client.clone(), secret_metadata));
+        let stores = Stores::new(plugin_store, route_store, secrets, Arc::default());
+        let (replicas, _) = reflector::store::<Lease>();
+        let reports = Arc::new(Reports::new(replicas, "sluice"));
+        let reporter = Reporter { controller: "sluice-gateway".into(), instance: Some("replica-a".into()) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let tenancy = Arc::new(Tenancy::default().resolved("team"));
+        Arc::new(Context::new(client, stores, reports, recorder, tenancy))
+    }
+
+    fn shared<K: serde::de::DeserializeOwned>(value: Value) -> Arc<K> {
+        Arc::new(object(value))
+    }
+
+    fn valid_route() -> Value {
+        route("r1", 3, json!({"models": ["m"], "backends": [{"url": "http://upstream.example:1/v1"}]}))
+    }
+
+    /// `(type, status, reason)` of each condition, all at `generation`.
+    fn conditions(status: &Value, generation: i64) -> Vec<(String, String, String)> {
+        let conditions = status["conditions"].as_array().expect("conditions");
+        conditions
+            .iter()
+            .map(|c| {
+                assert_eq!(c["observedGeneration"], generation, "{c}");
+                assert!(c["lastTransitionTime"].is_string(), "{c}");
+                let text = |field: &str| c[field].as_str().unwrap().to_string();
+                (text("type"), text("status"), text("reason"))
+            })
+            .collect()
+    }
+
+    fn expected(list: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+        list.iter().map(|(t, s, r)| (t.to_string(), s.to_string(), r.to_string())).collect()
+    }
+
+    /// Takes the status patch of `kind`/`name`: a server-side apply of the
+    /// status subresource, by the gateway's field manager, forced; answers it
+    /// with the object as patched and returns the status sent.
+    async fn status_patch(api: &mut ApiServerVerifier, path: &str, kind: &str, mut object: Value) -> Value {
+        let patch = api.expect(Method::PATCH, path).await;
+        assert_eq!(patch.query.get("fieldManager").map(String::as_str), Some("sluice-gateway"));
+        assert_eq!(patch.query.get("force").map(String::as_str), Some("true"));
+        assert_eq!(patch.content_type.as_deref(), Some("application/apply-patch+yaml"));
+        assert_eq!((&patch.body["apiVersion"], &patch.body["kind"]), (&json!("sluice.dev/v1alpha1"), &json!(kind)));
+        let status = patch.body["status"].clone();
+        object["status"] = status.clone();
+        patch.ok(&object);
+        status
+    }
+
+    #[tokio::test]
+    async fn reconciling_a_route_applies_its_conditions_to_the_status_subresource() {
+        let (client, mut api) = mock_client();
+        let ctx = context(client, &[], &[valid_route()]);
+        let verifier = tokio::spawn(async move {
+            let status = status_patch(&mut api, &format!("{ROUTES}/r1/status"), "AIModelRoute", valid_route()).await;
+            assert_eq!(status["observedGeneration"], 3);
+            assert_eq!(status["loaded"], "0/0");
+            assert_eq!(
+                conditions(&status, 3),
+                expected(&[
+                    ("Accepted", "True", "Accepted"),
+                    ("ResolvedRefs", "True", "ResolvedRefs"),
+                    ("Ready", "Unknown", "NoReplicas"),
+                ])
+            );
+            // Ready Unknown is no transition worth an Event: nothing more.
+            api
+        });
+        let action = reconcile_route(shared(valid_route()), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        let api = verified(verifier).await;
+        drop(ctx);
+        api.done().await;
+    }
+
+    #[tokio::test]
+    async fn a_route_naming_a_missing_plugin_is_not_ready_and_a_warning_is_recorded() {
+        let (client, mut api) = mock_client();
+        let spec = json!({"models": ["m"], "backends": [{"url": "http://upstream.example:1/v1"}],
+                          "plugins": [{"name": "auth"}]});
+        let broken = route("r1", 2, spec);
+        let ctx = context(client, &[], std::slice::from_ref(&broken));
+        let verifier = tokio::spawn({
+            let broken = broken.clone();
+            async move {
+                let status = status_patch(&mut api, &format!("{ROUTES}/r1/status"), "AIModelRoute", broken).await;
+                assert_eq!(
+                    conditions(&status, 2),
+                    expected(&[
+                        ("Accepted", "True", "Accepted"),
+                        ("ResolvedRefs", "False", "PluginNotFound"),
+                        ("Ready", "False", "PluginNotFound"),
+                    ])
+                );
+                let event = api.expect(Method::POST, EVENTS).await;
+                let body = event.body.clone();
+                assert_eq!((&body["type"], &body["reason"]), (&json!("Warning"), &json!("PluginNotFound")));
+                assert_eq!(
+                    (&body["regarding"]["kind"], &body["regarding"]["name"]),
+                    (&json!("AIModelRoute"), &json!("r1"))
+                );
+                assert_eq!(body["reportingController"], "sluice-gateway");
+                let note = body["note"].as_str().unwrap();
+                assert!(note.contains("GatewayPlugin team/auth does not exist"), "{note}");
+                event.respond(StatusCode::CREATED, &body);
+                api
+            }
+        });
+        reconcile_route(shared(broken), ctx.clone()).await.unwrap();
+        let api = verified(verifier).await;
+        drop(ctx);
+        api.done().await;
+    }
+
+    /// The status as last applied is not applied again: a pass over
+    /// unchanged objects sends nothing.
+    #[tokio::test]
+    async fn an_unchanged_status_is_not_written_again() {
+        let (client, mut api) = mock_client();
+        let ctx = context(client, &[], &[valid_route()]);
+        let verifier = tokio::spawn(async move {
+            let status = status_patch(&mut api, &format!("{ROUTES}/r1/status"), "AIModelRoute", valid_route()).await;
+            (api, status)
+        });
+        reconcile_route(shared(valid_route()), ctx.clone()).await.unwrap();
+        let (mut api, status) = verified(verifier).await;
+        let mut applied = valid_route();
+        applied["status"] = status;
+        // A request now would be answered by no one: this verifier fails on
+        // it, and the reconcile fails with it.
+        let verifier = tokio::spawn(async move {
+            if let Some(exchange) = api.next_if_any().await {
+                panic!("an unexpected request: {} {} {}", exchange.method, exchange.path, exchange.body);
+            }
+        });
+        reconcile_route(shared(applied), ctx.clone()).await.expect("nothing to write");
+        drop(ctx);
+        verified(verifier).await;
+    }
+
+    /// A refused status write (here a conflict) fails the reconcile; the
+    /// controller retries it with a backoff that doubles per failure and
+    /// starts over after a success.
+    #[tokio::test]
+    async fn a_refused_status_write_is_retried_with_a_doubling_backoff() {
+        let (client, mut api) = mock_client();
+        let ctx = context(client, &[], &[valid_route()]);
+        let route: Arc<AIModelRoute> = shared(valid_route());
+        let path = format!("{ROUTES}/r1/status");
+        let mut refused = None;
+        for delay in [1, 2, 4] {
+            let verifier = tokio::spawn({
+                let path = path.clone();
+                async move {
+                    api.expect(Method::PATCH, &path).await.fail(409, "Conflict");
+                    api
+                }
+            });
+            let error = reconcile_route(route.clone(), ctx.clone()).await.expect_err("the write was refused");
+            assert!(matches!(&error, crate::Error::Kube(kube::Error::Api(status)) if status.code == 409), "{error}");
+            assert_eq!(error.metric_label(), "api_error");
+            assert_eq!(error_policy(route.clone(), &error, ctx.clone()), Action::requeue(Duration::from_secs(delay)));
+            api = verified(verifier).await;
+            refused = Some(error);
+        }
+        let verifier = tokio::spawn(async move {
+            status_patch(&mut api, &path, "AIModelRoute", valid_route()).await;
+            api
+        });
+        reconcile_route(route.clone(), ctx.clone()).await.unwrap();
+        let api = verified(verifier).await;
+        let error = refused.unwrap();
+        assert_eq!(error_policy(route, &error, ctx.clone()), Action::requeue(Duration::from_secs(1)), "starts over");
+        drop(ctx);
+        api.done().await;
+    }
+
+    #[tokio::test]
+    async fn reconciling_a_plugin_reports_a_missing_secret_on_its_status() {
+        let (client, mut api) = mock_client();
+        let spec = json!({"source": {"oci": "r.example/p:1"},
+                          "configFrom": [{"path": "/key", "secretKeyRef": {"name": "missing", "key": "k"}}]});
+        let p = plugin("p", 4, spec);
+        let ctx = context(client, std::slice::from_ref(&p), &[]);
+        let verifier = tokio::spawn({
+            let p = p.clone();
+            async move {
+                let path = "/apis/sluice.dev/v1alpha1/namespaces/team/gatewayplugins/p/status";
+                let status = status_patch(&mut api, path, "GatewayPlugin", p).await;
+                assert_eq!((&status["observedGeneration"], &status["loaded"]), (&json!(4), &json!("0/0")));
+                assert_eq!(
+                    conditions(&status, 4),
+                    expected(&[
+                        ("Accepted", "True", "Accepted"),
+                        ("ResolvedRefs", "False", "SecretNotFound"),
+                        ("Ready", "False", "SecretNotFound"),
+                    ])
+                );
+                let event = api.expect(Method::POST, EVENTS).await;
+                assert_eq!(event.body["reason"], "SecretNotFound");
+                assert_eq!(event.body["regarding"]["kind"], "GatewayPlugin");
+                let body = event.body.clone();
+                event.respond(StatusCode::CREATED, &body);
+                api
+            }
+        });
+        reconcile_plugin(shared(p), ctx.clone()).await.unwrap();
+        let api = verified(verifier).await;
+        drop(ctx);
+        api.done().await;
+    }
+}
+
 mod feed {
     use std::sync::Arc;
     use std::time::Duration;
