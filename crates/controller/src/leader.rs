@@ -4,10 +4,27 @@
 //! write with the read `resourceVersion` so two candidates cannot both win.
 //! [`lead`] runs the leader-only work for as long as this replica holds it.
 //!
-//! Hand-written (about a hundred lines) because no maintained crate supports
-//! kube 5 yet. Expiry is judged by when this process last saw the Lease
-//! change, not by the timestamp written in it, so clock skew between nodes
-//! does not matter.
+//! Two properties make it safe, and both are tested in memory
+//! (`crate::tests::leader`) and against a real API server (tests/e2e):
+//! - expiry is judged by when this process last saw the Lease change (its
+//!   `resourceVersion` move), not by the timestamp written in it, so clock
+//!   skew between nodes does not matter;
+//! - a leader stops its work as soon as a renewal fails, and at the latest
+//!   [`Timing::renew_deadline`] after its last successful renewal began,
+//!   even when the renewal hangs (a partition): before any other replica
+//!   may count the Lease expired.
+//!
+//! Hand-written (about a hundred lines) rather than kube-lease-manager,
+//! which supports kube 5 since 0.13 but keeps neither property (as read in
+//! its 0.13.1 source, `state.rs` and `manager.rs`): it takes a Lease as
+//! expired once `renewTime + leaseDurationSeconds` is past this node's wall
+//! clock, so a candidate whose clock runs ahead of the leader's takes a live
+//! Lease; its `watch()` loop, on a failed renewal, logs and retries with
+//! backoff while its channel goes on saying "leading", and sets no deadline
+//! of its own on a hanging one, so a partitioned leader writes on past the
+//! point where another may lead; and it frees an expired Lease with a patch
+//! that carries no `resourceVersion`, so a candidate acting on a stale read
+//! clears a Lease its holder has just renewed.
 
 use std::future::Future;
 use std::time::Duration;
