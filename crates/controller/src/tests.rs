@@ -677,3 +677,30 @@ mod feed {
         api.done().await;
     }
 }
+
+mod wiring {
+    use std::sync::Arc;
+
+    use tokio::sync::watch;
+
+    use crate::fixtures::mock_client;
+    use crate::{Options, Tenancy};
+
+    /// The gateway spawns [`crate::run`], which hands its loop to
+    /// [`crate::leader::lead`]: the whole must stay `Send + 'static`. Checked
+    /// when this compiles; the future is never polled.
+    #[tokio::test]
+    async fn run_can_be_spawned() {
+        fn spawnable(_: impl std::future::Future<Output = ()> + Send + 'static) {}
+        let (client, _api) = mock_client();
+        let options = Options {
+            namespace: Some("team".into()),
+            lease_namespace: "sluice".into(),
+            replica: "replica-a".into(),
+            tenancy: Tenancy::default(),
+        };
+        let (updates, _) = watch::channel(None);
+        let (_, reports) = watch::channel(Arc::new(sluice_core::LoadReport::default()));
+        spawnable(crate::run(client, options, updates, reports, async {}));
+    }
+}
