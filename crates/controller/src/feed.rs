@@ -41,6 +41,15 @@ pub struct Stores {
 }
 
 impl Stores {
+    pub(crate) fn new(
+        plugins: Store<GatewayPlugin>,
+        routes: Store<AIModelRoute>,
+        secrets: Arc<ReferencedSecrets>,
+        versions: Arc<[AtomicU64; 3]>,
+    ) -> Stores {
+        Stores { plugins, routes, secrets, versions }
+    }
+
     /// Moves on whenever any store changes (after the store has).
     pub fn version(&self) -> u64 {
         self.versions.iter().map(|v| v.load(Ordering::Acquire)).sum::<u64>() + self.secrets.version()
@@ -117,16 +126,36 @@ impl Feed {
     /// Starts nothing yet: the watches run while [`Feed::run`] polls them.
     pub fn new(client: &Client, namespace: Option<&str>, tenancy: Arc<Tenancy>) -> Feed {
         let all = watcher::Config::default();
+        let fields: Vec<String> = UNUSED_SECRET_TYPES.iter().map(|t| format!("type!={t}")).collect();
+        // Every other Secret in scope, by metadata alone and only name and
+        // version of that: [`ReferencedSecrets`] fetches the data of those
+        // resources name.
+        let secrets = watcher::Config::default().fields(&fields.join(","));
+        Feed::from_watches(
+            client,
+            tenancy,
+            watcher::watcher(api(client, namespace), all.clone()).default_backoff(),
+            watcher::watcher(api(client, namespace), all).default_backoff(),
+            watcher::watcher(api::<PartialObjectMeta<Secret>>(client, namespace), secrets).default_backoff(),
+        )
+    }
+
+    /// The feed over these watch streams (the tests' own, or the API
+    /// server's); `client` fetches the data of the Secrets resources name.
+    pub(crate) fn from_watches(
+        client: &Client,
+        tenancy: Arc<Tenancy>,
+        plugins: impl Stream<Item = Result<Event<GatewayPlugin>, watcher::Error>> + Send + 'static,
+        routes: impl Stream<Item = Result<Event<AIModelRoute>, watcher::Error>> + Send + 'static,
+        secrets: impl Stream<Item = Result<Event<PartialObjectMeta<Secret>>, watcher::Error>> + Send + 'static,
+    ) -> Feed {
         let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
-        let (plugins, plugin_changes) =
-            reflect::<GatewayPlugin>(api(client, namespace), all.clone(), Kind::Plugins, versions.clone());
-        let (routes, route_changes) =
-            reflect::<AIModelRoute>(api(client, namespace), all, Kind::Routes, versions.clone());
-        let (secret_metadata, secret_changes) =
-            reflect_secrets(api::<PartialObjectMeta<Secret>>(client, namespace), versions.clone());
+        let (plugins, plugin_changes) = reflect(plugins, Kind::Plugins, versions.clone());
+        let (routes, route_changes) = reflect(routes, Kind::Routes, versions.clone());
+        let (secret_metadata, secret_changes) = reflect(secrets.modify(slim_metadata), Kind::Secrets, versions.clone());
         let secrets = Arc::new(ReferencedSecrets::new(client.clone(), secret_metadata));
         let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
-        Feed { stores: Stores { plugins, routes, secrets, versions }, changes, tenancy }
+        Feed { stores: Stores::new(plugins, routes, secrets, versions), changes, tenancy }
     }
 
     /// Publishes the desired config once every watch has listed, then after
@@ -189,9 +218,9 @@ where
     }
 }
 
+/// A store of what `events` hold, and the changes they make to it.
 fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     kind: Kind,
     versions: Arc<[AtomicU64; 3]>,
 ) -> (Store<K>, BoxStream<'static, Change>)
@@ -200,27 +229,13 @@ where
     <K as Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let events = watcher::watcher(api, config).default_backoff().reflect(writer);
-    (reader, changes(events, kind, versions).boxed())
+    (reader, changes(events.reflect(writer), kind, versions).boxed())
 }
 
 /// Secret types no GatewayPlugin or AIModelRoute can use, and the largest in
 /// a typical cluster (Helm keeps every release of a chart in one): the API
 /// server leaves them out of the watch.
 const UNUSED_SECRET_TYPES: &[&str] = &["helm.sh/release.v1", "kubernetes.io/service-account-token"];
-
-/// Every Secret in scope, by metadata alone and only name and version of
-/// that: [`ReferencedSecrets`] fetches the data of those resources name.
-fn reflect_secrets(
-    api: Api<PartialObjectMeta<Secret>>,
-    versions: Arc<[AtomicU64; 3]>,
-) -> (Store<PartialObjectMeta<Secret>>, BoxStream<'static, Change>) {
-    let fields: Vec<String> = UNUSED_SECRET_TYPES.iter().map(|t| format!("type!={t}")).collect();
-    let config = watcher::Config::default().fields(&fields.join(","));
-    let (reader, writer) = reflector::store();
-    let events = watcher::watcher(api, config).default_backoff().modify(slim_metadata).reflect(writer);
-    (reader, changes(events, Kind::Secrets, versions).boxed())
-}
 
 fn slim_metadata(secret: &mut PartialObjectMeta<Secret>) {
     secret.metadata.managed_fields = None;

@@ -2,19 +2,118 @@
 //! leaderelection does it: take the Lease when it is free or its holder has
 //! not renewed it for a whole lease duration, renew it while leading, and
 //! write with the read `resourceVersion` so two candidates cannot both win.
+//! [`lead`] runs the leader-only work for as long as this replica holds it.
 //!
-//! Hand-written (about a hundred lines) because no maintained crate supports
-//! kube 5 yet. Expiry is judged by when this process last saw the Lease
-//! change, not by the timestamp written in it, so clock skew between nodes
-//! does not matter.
+//! Two properties make it safe, and both are tested in memory
+//! (`crate::tests::leader`) and against a real API server (tests/e2e):
+//! - expiry is judged by when this process last saw the Lease change (its
+//!   `resourceVersion` move), not by the timestamp written in it, so clock
+//!   skew between nodes does not matter;
+//! - a leader stops its work as soon as a renewal fails, and at the latest
+//!   [`Timing::renew_deadline`] after its last successful renewal began,
+//!   even when the renewal hangs (a partition): before any other replica
+//!   may count the Lease expired.
+//!
+//! Hand-written (about a hundred lines) rather than kube-lease-manager,
+//! which supports kube 5 since 0.13 but keeps neither property (as read in
+//! its 0.13.1 source, `state.rs` and `manager.rs`): it takes a Lease as
+//! expired once `renewTime + leaseDurationSeconds` is past this node's wall
+//! clock, so a candidate whose clock runs ahead of the leader's takes a live
+//! Lease; its `watch()` loop, on a failed renewal, logs and retries with
+//! backoff while its channel goes on saying "leading", and sets no deadline
+//! of its own on a hanging one, so a partitioned leader writes on past the
+//! point where another may lead; and it frees an expired Lease with a patch
+//! that carries no `resourceVersion`, so a candidate acting on a stale read
+//! clears a Lease its holder has just renewed.
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use tokio::task::JoinHandle;
+// Tokio's clock: the real one, or the tests' paused one.
+use tokio::time::Instant;
+
+/// How the lead is held: client-go's LeaseDuration, RetryPeriod and RenewDeadline.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// How long the others wait, after they last saw the Lease change, before taking it.
+    pub lease_duration: Duration,
+    /// How often the Lease is taken or renewed.
+    pub renew_every: Duration,
+    /// A leader stops writing this long after its last successful renewal
+    /// began, whether or not it can reach the API server: well before the
+    /// others may see the Lease as expired (client-go: 10 s of 15).
+    pub renew_deadline: Duration,
+}
+
+impl Timing {
+    pub const DEFAULT: Timing = Timing {
+        lease_duration: Duration::from_secs(15),
+        renew_every: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(10),
+    };
+}
+
+/// Takes the lead when it can and keeps it while it can, until `shutdown`.
+/// `work` is started (spawned afresh) each time this replica takes the lead
+/// and aborted as soon as it loses it, fails to renew it, or cannot renew it
+/// before its term ends. On `shutdown` the work is stopped and the Lease
+/// given up.
+pub async fn lead(
+    mut elector: Elector,
+    timing: Timing,
+    mut work: impl FnMut() -> JoinHandle<()>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut leading: Option<JoinHandle<()>> = None;
+    tokio::pin!(shutdown);
+    loop {
+        // A renewal that hangs (the API server unreachable, a partition) is
+        // given up when the term ends, and so is the lead with it.
+        let term_ends = match &leading {
+            Some(_) => elector.term_ends(timing.renew_deadline),
+            None => None,
+        }
+        .unwrap_or_else(|| Instant::now() + timing.renew_deadline);
+        let lead = match tokio::time::timeout_at(term_ends, elector.try_lead()).await {
+            Ok(Ok(lead)) => lead,
+            Ok(Err(error)) => {
+                // Unable to renew: stop writing status rather than risk two writers.
+                tracing::warn!(%error, "leader election failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!("could not renew the leader Lease before the term ended");
+                false
+            }
+        };
+        match (lead, &leading) {
+            (true, None) => {
+                tracing::info!(replica = %elector.identity, "leading: writing status");
+                leading = Some(work());
+            }
+            (false, Some(task)) => {
+                tracing::info!(replica = %elector.identity, "no longer leading");
+                task.abort();
+                leading = None;
+            }
+            _ => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(timing.renew_every) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    if let Some(task) = leading {
+        task.abort();
+        elector.release().await;
+    }
+}
 
 pub struct Elector {
     api: Api<Lease>,

@@ -9,16 +9,19 @@
 //! of domain types, so this crate knows nothing of wasmtime or hyper.
 
 mod feed;
+#[cfg(test)]
+mod fixtures;
 mod leader;
 mod replica;
 mod secrets;
 mod status;
 mod tenancy;
+#[cfg(test)]
+mod tests;
 mod translate;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
@@ -31,12 +34,6 @@ pub use translate::set_pointer;
 
 /// The leader Lease's name, in the lease namespace.
 pub const LEADER_LEASE: &str = "sluice-gateway-leader";
-const LEADER_LEASE_DURATION: Duration = Duration::from_secs(15);
-const LEADER_RENEW_EVERY: Duration = Duration::from_secs(4);
-/// A leader stops writing status this long after its last successful
-/// renewal began, whether or not it can reach the API server: well before
-/// the others may see the Lease as expired (client-go: 10 s of 15).
-const LEADER_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -100,68 +97,30 @@ pub async fn run(
         stopped(stop_rx.clone()),
     ));
 
-    let mut elector = leader::Elector::new(
+    let timing = leader::Timing::DEFAULT;
+    let elector = leader::Elector::new(
         client.clone(),
         &options.lease_namespace,
         LEADER_LEASE,
         &options.replica,
-        LEADER_LEASE_DURATION,
+        timing.lease_duration,
     );
     let recorder = Recorder::new(
         client.clone(),
         Reporter { controller: "sluice-gateway".into(), instance: Some(options.replica.clone()) },
     );
-    let mut leading: Option<tokio::task::JoinHandle<()>> = None;
-    tokio::pin!(shutdown);
-    loop {
-        // A renewal that hangs (the API server unreachable, a partition) is
-        // given up when the term ends, and so is the lead with it.
-        let term_ends = match &leading {
-            Some(_) => elector.term_ends(LEADER_RENEW_DEADLINE),
-            None => None,
-        }
-        .unwrap_or_else(|| std::time::Instant::now() + LEADER_RENEW_DEADLINE);
-        let lead = match tokio::time::timeout_at(term_ends.into(), elector.try_lead()).await {
-            Ok(Ok(lead)) => lead,
-            Ok(Err(error)) => {
-                // Unable to renew: stop writing status rather than risk two writers.
-                tracing::warn!(%error, "leader election failed");
-                false
-            }
-            Err(_) => {
-                tracing::warn!("could not renew the leader Lease before the term ended");
-                false
-            }
-        };
-        match (lead, &leading) {
-            (true, None) => {
-                tracing::info!(replica = %options.replica, "leading: writing status");
-                leading = Some(tokio::spawn(status::run(
-                    client.clone(),
-                    options.namespace.clone(),
-                    options.lease_namespace.clone(),
-                    stores.clone(),
-                    recorder.clone(),
-                    tenancy.clone(),
-                    changed_rx.clone(),
-                )));
-            }
-            (false, Some(task)) => {
-                tracing::info!(replica = %options.replica, "no longer leading");
-                task.abort();
-                leading = None;
-            }
-            _ => {}
-        }
-        tokio::select! {
-            () = tokio::time::sleep(LEADER_RENEW_EVERY) => {}
-            () = &mut shutdown => break,
-        }
-    }
-    if let Some(task) = leading {
-        task.abort();
-        elector.release().await;
-    }
+    let write_status = move || {
+        tokio::spawn(status::run(
+            client.clone(),
+            options.namespace.clone(),
+            options.lease_namespace.clone(),
+            stores.clone(),
+            recorder.clone(),
+            tenancy.clone(),
+            changed_rx.clone(),
+        ))
+    };
+    leader::lead(elector, timing, write_status, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = heartbeat.await;
     feed_task.abort();

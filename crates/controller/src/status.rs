@@ -114,15 +114,7 @@ pub async fn run(
             stores.secrets.wait_until_ready().await;
         }
     };
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        stores,
-        reports,
-        recorder,
-        tenancy,
-        failures: Mutex::default(),
-        conflicts: Mutex::default(),
-    });
+    let ctx = Arc::new(Context::new(client.clone(), stores, reports, recorder, tenancy));
     let config = kube::runtime::controller::Config::default().concurrency(CONCURRENCY);
     let plugins = Controller::new(api::<GatewayPlugin>(&client, namespace.as_deref()), watcher::Config::default())
         .with_config(config.clone())
@@ -174,7 +166,7 @@ async fn measured(kind: &'static str, reconcile: impl Future<Output = Result<Act
     result
 }
 
-fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = format!(
         "{}/{}",
         object.meta().namespace.clone().unwrap_or_default(),
@@ -189,7 +181,7 @@ fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ct
     Action::requeue(delay)
 }
 
-async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = plugin.key();
     let generation = generation(&plugin.metadata);
     // A Secret named since the feed last looked is fetched here, not reported missing.
@@ -232,7 +224,7 @@ async fn reconcile_plugin(plugin: Arc<GatewayPlugin>, ctx: Arc<Context>) -> Resu
     Ok(Action::requeue(RESYNC))
 }
 
-async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = route.key();
     let generation = generation(&route.metadata);
     let plugin_exists = |plugin: &sluice_core::ResourceKey| {
@@ -272,6 +264,16 @@ where
 }
 
 impl Context {
+    pub fn new(
+        client: Client,
+        stores: Stores,
+        reports: Arc<Reports>,
+        recorder: Recorder,
+        tenancy: Arc<Tenancy>,
+    ) -> Context {
+        Context { client, stores, reports, recorder, tenancy, failures: Mutex::default(), conflicts: Mutex::default() }
+    }
+
     fn live_reports(&self) -> BTreeMap<String, Arc<ReplicaReport>> {
         self.reports.live(Timestamp::now())
     }

@@ -5,6 +5,7 @@
 
 mod access;
 mod context;
+mod export;
 mod finish;
 pub mod logging;
 mod memo;

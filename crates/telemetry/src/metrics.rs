@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_protobuf::{self, prometheus_data_model::MetricFamily};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 pub use prometheus_client::metrics::gauge::Gauge;
@@ -490,6 +491,16 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The metrics as Prometheus's protobuf families, labels unescaped and
+    /// histogram buckets cumulative: what the OTLP push sends.
+    pub(crate) fn families(&self) -> Vec<MetricFamily> {
+        prometheus_protobuf::encode(&self.registry).unwrap_or_else(|error| {
+            // Only a metric that cannot be encoded fails it; none here can.
+            tracing::warn!(%error, "the metrics could not be encoded as protobuf families");
+            Vec::new()
+        })
     }
 
     /// Names the running build (the binary knows its git commit; this

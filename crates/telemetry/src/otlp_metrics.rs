@@ -1,10 +1,11 @@
 //! OTLP metrics: the Prometheus registry, pushed to a collector.
 //!
-//! There is one source of truth. Each push reads the registry's text
-//! exposition (what /metrics serves) back into families and series, and
-//! sends them as OTLP metrics with cumulative temporality: counters as
-//! monotonic sums, gauges as gauges, histograms as explicit-bucket
-//! histograms, labels as attributes. The GenAI families take their
+//! There is one source of truth. Each push takes the registry (what
+//! /metrics serves as text) as Prometheus's protobuf families, from
+//! prometheus-client's own encoder: labels unescaped, values and buckets
+//! typed, nothing parsed back. It sends them as OTLP metrics with
+//! cumulative temporality: counters as monotonic sums, gauges as gauges,
+//! histograms as explicit-bucket histograms, labels as attributes. The GenAI families take their
 //! OpenTelemetry names (`gen_ai_client_token_usage` is
 //! `gen_ai.client.token.usage`, its labels `gen_ai.token.type`, …);
 //! Sluice's own keep their Prometheus names without the `_total` and unit
@@ -12,12 +13,13 @@
 //! backend that turns OTLP names back into Prometheus ones gets exactly the
 //! names /metrics serves, and dashboards work on either path.
 //!
-//! Pushes run on a thread of their own, never on the request path: one at a
-//! time, each bounded by a timeout; a push that would start while one is
-//! still running is skipped, not queued. Shutting down pushes once more.
+//! Pushes run on the export runtime the traces use too, never on the request
+//! path: one at a time, each bounded by a timeout; a push that would start
+//! while one is still running is skipped, not queued. Shutting down pushes
+//! once more.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -35,6 +37,9 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
+    LabelPair, Metric as PromMetric, MetricFamily, MetricType,
+};
 use prost::Message;
 use tokio::sync::oneshot;
 
@@ -92,12 +97,13 @@ type Refresh = Box<dyn Fn() + Send + Sync>;
 /// pushes once more, then stops.
 pub struct MetricsGuard {
     stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Hears (or sees closed) when the pushes have stopped.
+    stopped: Option<mpsc::Receiver<()>>,
     refresh: Arc<OnceLock<Refresh>>,
 }
 
 impl MetricsGuard {
-    /// Runs `refresh` before each push (on the pushing thread), as /metrics
+    /// Runs `refresh` before each push (on the export runtime), as /metrics
     /// does before each scrape: for the values measured when read, such as
     /// the plugin instances. Only the first one set is kept.
     pub fn refresh_before_push(&self, refresh: impl Fn() + Send + Sync + 'static) {
@@ -115,10 +121,11 @@ impl MetricsGuard {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(thread) = self.thread.take() {
+        if let Some(stopped) = self.stopped.take() {
             // Bounded: the push in flight is cancelled, the last one has a
-            // timeout.
-            let _ = thread.join();
+            // timeout. Not awaited: this may be a runtime's thread, and the
+            // pushes run on the export runtime's.
+            let _ = stopped.recv();
         }
     }
 }
@@ -284,10 +291,9 @@ fn proto_resource(resource: &opentelemetry_sdk::Resource) -> (Resource, String) 
     (resource, schema_url.unwrap_or_default())
 }
 
-/// Starts the pushing thread, with its own single-threaded runtime: the
-/// process's may be busy, single-threaded, or gone by the last push.
+/// Starts the pushes, a task on the export runtime (the traces' too).
 fn start_pushing(settings: Settings, resource: (Resource, String), start: u64) -> Result<MetricsGuard, MetricsError> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(MetricsError::Runtime)?;
+    let runtime = crate::export::runtime().map_err(MetricsError::Runtime)?;
     let transport = {
         // tonic's channel spawns its worker where it is built.
         let _runtime = runtime.enter();
@@ -303,13 +309,14 @@ fn start_pushing(settings: Settings, resource: (Resource, String), start: u64) -
         refresh: refresh.clone(),
         failing: false,
     };
-    let (stop, stopped) = oneshot::channel();
+    let (stop, stop_heard) = oneshot::channel();
+    let (done, stopped) = mpsc::sync_channel(1);
     let interval = settings.interval;
-    let thread = std::thread::Builder::new()
-        .name("sluice-metrics".into())
-        .spawn(move || runtime.block_on(pusher.run(interval, stopped)))
-        .map_err(MetricsError::Runtime)?;
-    Ok(MetricsGuard { stop: Some(stop), thread: Some(thread), refresh })
+    runtime.spawn(async move {
+        pusher.run(interval, stop_heard).await;
+        let _ = done.send(());
+    });
+    Ok(MetricsGuard { stop: Some(stop), stopped: Some(stopped), refresh })
 }
 
 enum Transport {
@@ -436,207 +443,9 @@ impl Pusher {
 
 /// The registry now, as one OTLP request.
 fn snapshot(resource: &(Resource, String), start: u64) -> ExportMetricsServiceRequest {
-    let text = metrics().encode();
+    let families = metrics().families();
     let now = unix_nanos(SystemTime::now());
-    let (families, skipped) = parse(&text);
-    if skipped > 0 {
-        tracing::debug!(skipped, "lines of the metrics exposition that OTLP metrics leave out");
-    }
     request(&families, resource, start, now)
-}
-
-// ---- The text exposition, read back ----
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    Counter,
-    Gauge,
-    Histogram,
-}
-
-/// A metric family as the exposition wrote it.
-#[derive(Debug, PartialEq)]
-struct Family {
-    /// As in its `# TYPE` line: `sluice_requests_total`.
-    name: String,
-    help: String,
-    kind: Kind,
-    series: Vec<Series>,
-}
-
-/// Label names and values, in the exposition's order.
-type Labels = Vec<(String, String)>;
-
-#[derive(Debug, PartialEq)]
-struct Series {
-    /// Without a histogram's `le`.
-    labels: Labels,
-    value: Value,
-}
-
-#[derive(Debug, PartialEq)]
-enum Value {
-    Int(i64),
-    Double(f64),
-    Histogram {
-        /// Upper bounds and cumulative counts, `+Inf` included.
-        buckets: Vec<(f64, u64)>,
-        sum: f64,
-        count: u64,
-    },
-}
-
-/// The families of a Prometheus text exposition (0.0.4) as prometheus-client
-/// writes it: `# HELP`, then `# TYPE`, then the samples, a histogram's
-/// `_bucket`s, `_sum` and `_count` together. Also the number of lines left
-/// out: untyped families' samples, and anything else it does not read.
-fn parse(text: &str) -> (Vec<Family>, usize) {
-    let mut families: Vec<Family> = Vec::new();
-    // The family the samples belong to: none after an untyped one.
-    let mut current: Option<usize> = None;
-    let mut help: Option<(&str, String)> = None;
-    let mut skipped = 0;
-    // Not `lines()`: a label value may hold a `\r`.
-    for line in text.split('\n').filter(|line| !line.is_empty()) {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
-            help = Some((name, unescape_help(text)));
-        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
-            let kind = match kind {
-                "counter" => Kind::Counter,
-                "gauge" => Kind::Gauge,
-                "histogram" => Kind::Histogram,
-                _ => {
-                    current = None;
-                    continue;
-                }
-            };
-            let help = help.take().filter(|(of, _)| *of == name).map(|(_, help)| help).unwrap_or_default();
-            families.push(Family { name: name.to_string(), help, kind, series: Vec::new() });
-            current = Some(families.len() - 1);
-        } else if line.starts_with('#') {
-            continue;
-        } else if current.and_then(|i| add_sample(&mut families[i], line)).is_none() {
-            skipped += 1;
-        }
-    }
-    (families, skipped)
-}
-
-fn add_sample(family: &mut Family, line: &str) -> Option<()> {
-    let (name, mut labels, value) = parse_sample(line)?;
-    let suffix = name.strip_prefix(family.name.as_str())?;
-    match (family.kind, suffix) {
-        (Kind::Counter | Kind::Gauge, "") => {
-            let value = match value.parse::<i64>() {
-                Ok(int) => Value::Int(int),
-                Err(_) => Value::Double(parse_f64(value)?),
-            };
-            family.series.push(Series { labels, value });
-        }
-        (Kind::Histogram, "_bucket" | "_sum" | "_count") => {
-            let le = match suffix {
-                "_bucket" => {
-                    let at = labels.iter().position(|(key, _)| key == "le")?;
-                    Some(parse_f64(&labels.remove(at).1)?)
-                }
-                _ => None,
-            };
-            // A family has one series per label set, written together.
-            if family.series.last().is_none_or(|last| last.labels != labels) {
-                let value = Value::Histogram { buckets: Vec::new(), sum: 0.0, count: 0 };
-                family.series.push(Series { labels, value });
-            }
-            let Some(Series { value: Value::Histogram { buckets, sum, count }, .. }) = family.series.last_mut() else {
-                return None;
-            };
-            match (suffix, le) {
-                ("_bucket", Some(le)) => buckets.push((le, value.parse().ok()?)),
-                ("_sum", _) => *sum = parse_f64(value)?,
-                _ => *count = value.parse().ok()?,
-            }
-        }
-        _ => return None,
-    }
-    Some(())
-}
-
-/// `name{key="value",…} value`: the name, the labels unescaped, the value.
-fn parse_sample(line: &str) -> Option<(&str, Labels, &str)> {
-    let end = line.find(['{', ' '])?;
-    let (name, mut rest) = line.split_at(end);
-    let mut labels = Vec::new();
-    if let Some(after) = rest.strip_prefix('{') {
-        rest = after;
-        loop {
-            if let Some(after) = rest.strip_prefix('}') {
-                rest = after;
-                break;
-            }
-            let (key, after) = rest.split_once("=\"")?;
-            let (value, after) = unescape_label(after)?;
-            labels.push((key.to_string(), value));
-            rest = after.strip_prefix(',').unwrap_or(after);
-        }
-    }
-    // A timestamp may follow the value; prometheus-client writes none.
-    let value = rest.strip_prefix(' ')?.split(' ').next()?;
-    Some((name, labels, value))
-}
-
-/// A label value up to its closing quote, unescaped (`\\`, `\"`, `\n`),
-/// and what follows the quote.
-fn unescape_label(text: &str) -> Option<(String, &str)> {
-    let mut value = String::new();
-    let mut chars = text.char_indices();
-    while let Some((at, c)) = chars.next() {
-        match c {
-            '"' => return Some((value, &text[at + 1..])),
-            '\\' => match chars.next()?.1 {
-                'n' => value.push('\n'),
-                escaped @ ('\\' | '"') => value.push(escaped),
-                // Not an escape the format has: kept as written.
-                other => {
-                    value.push('\\');
-                    value.push(other);
-                }
-            },
-            c => value.push(c),
-        }
-    }
-    None
-}
-
-/// A `# HELP` text unescaped (`\\`, `\n`).
-fn unescape_help(text: &str) -> String {
-    if !text.contains('\\') {
-        return text.to_string();
-    }
-    let mut help = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        match (c, chars.clone().next()) {
-            ('\\', Some('n')) => help.push('\n'),
-            ('\\', Some('\\')) => help.push('\\'),
-            _ => {
-                help.push(c);
-                continue;
-            }
-        }
-        chars.next();
-    }
-    help
-}
-
-/// Go's float syntax as the exposition writes it: `+Inf`, `-Inf`, `NaN`.
-fn parse_f64(text: &str) -> Option<f64> {
-    match text {
-        "+Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => text.parse().ok(),
-    }
 }
 
 // ---- OTLP ----
@@ -659,11 +468,12 @@ const GEN_AI_ATTRIBUTES: &[(&str, &str)] = &[
 ];
 
 /// The OTLP name and unit of a family: the GenAI convention's, else the
-/// Prometheus name without `_total` and `_seconds` (unit `s`).
-fn otlp_name(family: &str, kind: Kind) -> (String, &'static str) {
+/// Prometheus name (as /metrics spells it) without `_total` and `_seconds`
+/// (unit `s`).
+fn otlp_name(family: &str, kind: MetricType) -> (String, &'static str) {
     let name = match kind {
-        Kind::Counter => family.strip_suffix("_total").unwrap_or(family),
-        Kind::Gauge | Kind::Histogram => family,
+        MetricType::Counter => family.strip_suffix("_total").unwrap_or(family),
+        _ => family,
     };
     let (name, unit) = match name.strip_suffix("_seconds") {
         Some(name) => (name, "s"),
@@ -677,15 +487,18 @@ fn otlp_name(family: &str, kind: Kind) -> (String, &'static str) {
 
 /// The labels as attributes. An empty value is no label, for Prometheus:
 /// no attribute either.
-fn attributes(labels: &[(String, String)]) -> Vec<KeyValue> {
+fn attributes(labels: &[LabelPair]) -> Vec<KeyValue> {
     labels
         .iter()
-        .filter(|(_, value)| !value.is_empty())
-        .map(|(key, value)| {
-            let key = GEN_AI_ATTRIBUTES.iter().find(|(prometheus, _)| prometheus == key).map_or(key.as_str(), |a| a.1);
+        .filter(|label| !label.value.is_empty())
+        .map(|label| {
+            let key = GEN_AI_ATTRIBUTES
+                .iter()
+                .find(|(prometheus, _)| *prometheus == label.name)
+                .map_or(&*label.name, |a| a.1);
             KeyValue {
                 key: key.to_string(),
-                value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.clone())) }),
+                value: Some(AnyValue { value: Some(any_value::Value::StringValue(label.value.clone())) }),
                 key_strindex: 0,
             }
         })
@@ -694,8 +507,13 @@ fn attributes(labels: &[(String, String)]) -> Vec<KeyValue> {
 
 /// One request: every family with a series, under the resource and the
 /// `sluice` scope. `start` and `now` are nanoseconds since the epoch.
-fn request(families: &[Family], resource: &(Resource, String), start: u64, now: u64) -> ExportMetricsServiceRequest {
-    let metrics = families.iter().filter(|family| !family.series.is_empty()).map(|f| metric(f, start, now)).collect();
+fn request(
+    families: &[MetricFamily],
+    resource: &(Resource, String),
+    start: u64,
+    now: u64,
+) -> ExportMetricsServiceRequest {
+    let metrics = families.iter().filter_map(|family| metric(family, start, now)).collect();
     let scope =
         InstrumentationScope { name: "sluice".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() };
     ExportMetricsServiceRequest {
@@ -707,62 +525,82 @@ fn request(families: &[Family], resource: &(Resource, String), start: u64, now: 
     }
 }
 
-fn metric(family: &Family, start: u64, now: u64) -> Metric {
+/// A family as an OTLP metric with cumulative temporality: counters as
+/// monotonic sums, gauges as gauges, histograms as explicit-bucket
+/// histograms. None for a family without series, or of a kind the registry
+/// does not hold (untyped, summaries).
+fn metric(family: &MetricFamily, start: u64, now: u64) -> Option<Metric> {
+    if family.metric.is_empty() {
+        return None;
+    }
+    let kind = MetricType::try_from(family.r#type).ok()?;
     let cumulative = AggregationTemporality::Cumulative as i32;
     // A gauge's value is of the moment: it has no start.
-    let numbers = |start: u64| -> Vec<NumberDataPoint> {
-        let point = |series: &Series| {
-            let value = match series.value {
-                Value::Int(int) => number_data_point::Value::AsInt(int),
-                Value::Double(double) => number_data_point::Value::AsDouble(double),
-                Value::Histogram { .. } => return None,
-            };
+    let numbers = |start: u64, value: fn(&PromMetric) -> Option<f64>| -> Vec<NumberDataPoint> {
+        let point = |series: &PromMetric| {
             Some(NumberDataPoint {
-                attributes: attributes(&series.labels),
+                attributes: attributes(&series.label),
                 start_time_unix_nano: start,
                 time_unix_nano: now,
-                value: Some(value),
+                value: Some(number(value(series)?)),
                 ..Default::default()
             })
         };
-        family.series.iter().filter_map(point).collect()
+        family.metric.iter().filter_map(point).collect()
     };
-    let data = match family.kind {
-        Kind::Counter => metric::Data::Sum(Sum {
-            data_points: numbers(start),
+    let data = match kind {
+        MetricType::Counter => metric::Data::Sum(Sum {
+            data_points: numbers(start, |series| Some(series.counter.as_ref()?.value)),
             aggregation_temporality: cumulative,
             is_monotonic: true,
         }),
-        Kind::Gauge => metric::Data::Gauge(Gauge { data_points: numbers(0) }),
-        Kind::Histogram => metric::Data::Histogram(Histogram {
-            data_points: family.series.iter().filter_map(|series| histogram_point(series, start, now)).collect(),
+        MetricType::Gauge => {
+            metric::Data::Gauge(Gauge { data_points: numbers(0, |series| Some(series.gauge.as_ref()?.value)) })
+        }
+        MetricType::Histogram => metric::Data::Histogram(Histogram {
+            data_points: family.metric.iter().filter_map(|series| histogram_point(series, start, now)).collect(),
             aggregation_temporality: cumulative,
         }),
+        MetricType::Summary | MetricType::Untyped | MetricType::GaugeHistogram => return None,
     };
-    let (name, unit) = otlp_name(&family.name, family.kind);
-    Metric { name, description: family.help.clone(), unit: unit.into(), metadata: Vec::new(), data: Some(data) }
+    let (name, unit) = otlp_name(&family.name, kind);
+    Some(Metric { name, description: family.help.clone(), unit: unit.into(), metadata: Vec::new(), data: Some(data) })
+}
+
+/// Prometheus's protobuf values are doubles. A whole one (every counter and
+/// gauge of the registry counts in integers) goes as an integer, as the
+/// text exposition writes it.
+fn number(value: f64) -> number_data_point::Value {
+    /// Past 2^53, not every integer is a double.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if value.fract() == 0.0 && value.abs() <= EXACT {
+        // Whole and in range: exact.
+        number_data_point::Value::AsInt(value as i64)
+    } else {
+        number_data_point::Value::AsDouble(value)
+    }
 }
 
 /// Prometheus's cumulative buckets as OTLP's: a count per bucket, the last
 /// one past the highest finite bound.
-fn histogram_point(series: &Series, start: u64, now: u64) -> Option<HistogramDataPoint> {
-    let Value::Histogram { buckets, sum, count } = &series.value else { return None };
-    let finite = buckets.iter().filter(|(le, _)| le.is_finite());
-    let mut explicit_bounds = Vec::with_capacity(buckets.len());
-    let mut bucket_counts = Vec::with_capacity(buckets.len() + 1);
+fn histogram_point(series: &PromMetric, start: u64, now: u64) -> Option<HistogramDataPoint> {
+    let histogram = series.histogram.as_ref()?;
+    let finite = histogram.bucket.iter().filter(|bucket| bucket.upper_bound.is_finite());
+    let mut explicit_bounds = Vec::with_capacity(histogram.bucket.len());
+    let mut bucket_counts = Vec::with_capacity(histogram.bucket.len() + 1);
     let mut below = 0;
-    for &(le, cumulative) in finite {
-        explicit_bounds.push(le);
-        bucket_counts.push(cumulative.saturating_sub(below));
-        below = cumulative;
+    for bucket in finite {
+        explicit_bounds.push(bucket.upper_bound);
+        bucket_counts.push(bucket.cumulative_count.saturating_sub(below));
+        below = bucket.cumulative_count;
     }
-    bucket_counts.push(count.saturating_sub(below));
+    bucket_counts.push(histogram.sample_count.saturating_sub(below));
     Some(HistogramDataPoint {
-        attributes: attributes(&series.labels),
+        attributes: attributes(&series.label),
         start_time_unix_nano: start,
         time_unix_nano: now,
-        count: *count,
-        sum: Some(*sum),
+        count: histogram.sample_count,
+        sum: Some(histogram.sample_sum),
         bucket_counts,
         explicit_bounds,
         ..Default::default()
@@ -791,165 +629,9 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
-    #[test]
-    fn reads_counters_gauges_and_histograms_with_escapes() {
-        let text = concat!(
-            "# HELP sluice_requests_total Requests \\\\ answered\\nby route\n",
-            "# TYPE sluice_requests_total counter\n",
-            "sluice_requests_total{route=\"a\\\"b\\\\c\\nd\",status_class=\"2xx\",error_code=\"\"} 3\n",
-            "sluice_requests_total{route=\"x,y}z\r\",status_class=\"5xx\",error_code=\"timeout\"} 1\n",
-            "# HELP sluice_config_generation The generation\n",
-            "# TYPE sluice_config_generation gauge\n",
-            "sluice_config_generation -2\n",
-            "# HELP ratio A float\n",
-            "# TYPE ratio gauge\n",
-            "ratio 0.25\n",
-            "# HELP d_seconds Durations\n",
-            "# TYPE d_seconds histogram\n",
-            "d_seconds_bucket{k=\"1\",le=\"0.1\"} 1\n",
-            "d_seconds_bucket{k=\"1\",le=\"1\"} 3\n",
-            "d_seconds_bucket{k=\"1\",le=\"+Inf\"} 4\n",
-            "d_seconds_sum{k=\"1\"} 7.5\n",
-            "d_seconds_count{k=\"1\"} 4\n",
-            "d_seconds_bucket{k=\"2\",le=\"0.1\"} 0\n",
-            "d_seconds_bucket{k=\"2\",le=\"1\"} 0\n",
-            "d_seconds_bucket{k=\"2\",le=\"+Inf\"} 0\n",
-            "d_seconds_sum{k=\"2\"} 0.0\n",
-            "d_seconds_count{k=\"2\"} 0\n",
-            "# HELP old Untyped\n",
-            "# TYPE old untyped\n",
-            "old 1\n",
-            "# EOF\n",
-        );
-        let (families, skipped) = parse(text);
-        assert_eq!(skipped, 1, "the untyped sample");
-        let [requests, generation, ratio, durations] = &families[..] else { panic!("{families:#?}") };
-        assert_eq!(requests.name, "sluice_requests_total");
-        assert_eq!(requests.help, "Requests \\ answered\nby route");
-        assert_eq!(requests.kind, Kind::Counter);
-        assert_eq!(
-            requests.series,
-            [
-                Series {
-                    labels: labels(&[("route", "a\"b\\c\nd"), ("status_class", "2xx"), ("error_code", "")]),
-                    value: Value::Int(3)
-                },
-                Series {
-                    labels: labels(&[("route", "x,y}z\r"), ("status_class", "5xx"), ("error_code", "timeout")]),
-                    value: Value::Int(1)
-                },
-            ]
-        );
-        assert_eq!((generation.kind, &generation.series[0].value), (Kind::Gauge, &Value::Int(-2)));
-        assert_eq!(ratio.series[0].value, Value::Double(0.25));
-        assert_eq!(durations.kind, Kind::Histogram);
-        assert_eq!(
-            durations.series,
-            [
-                Series {
-                    labels: labels(&[("k", "1")]),
-                    value: Value::Histogram {
-                        buckets: vec![(0.1, 1), (1.0, 3), (f64::INFINITY, 4)],
-                        sum: 7.5,
-                        count: 4
-                    }
-                },
-                Series {
-                    labels: labels(&[("k", "2")]),
-                    value: Value::Histogram {
-                        buckets: vec![(0.1, 0), (1.0, 0), (f64::INFINITY, 0)],
-                        sum: 0.0,
-                        count: 0
-                    }
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn lines_it_cannot_read_are_counted_not_fatal() {
-        let text = "# TYPE a_total counter\na_total 1\na_total{unclosed=\"x} 2\nb_total 3\na_total{k=\"v\"}\n\
-                    # TYPE h histogram\nh_bucket{k=\"v\"} 1\nh_count 1\n";
-        let (families, skipped) = parse(text);
-        // The unclosed value, the other family's sample, the missing
-        // value, the bucket without `le`.
-        assert_eq!(skipped, 4, "{families:#?}");
-        assert_eq!(families[0].series.len(), 1);
-        assert_eq!(families[1].series[0].value, Value::Histogram { buckets: Vec::new(), sum: 0.0, count: 1 });
-    }
-
-    /// The registry's own encoder, with values that need escaping, read
-    /// back to the same labels and values.
-    #[test]
-    fn reads_back_what_prometheus_client_writes() {
-        let mut registry = Registry::default();
-        let requests = PromFamily::<RequestLabels, Counter>::default();
-        registry.register("sluice_requests", "Requests", requests.clone());
-        let usage: PromFamily<TokenUsageLabels, PromHistogram, _> =
-            PromFamily::new_with_constructor(|| PromHistogram::new([1.0, 4.0, 0.000_005, 16777216.0]));
-        registry.register("gen_ai_client_token_usage", "Tokens", usage.clone());
-        let tricky = "quote \" backslash \\ newline \n return \r comma , brace } λ";
-        let request = RequestLabels {
-            route: tricky.into(),
-            model: "m".into(),
-            backend: "http://b/v1".into(),
-            status_class: "2xx",
-            error_code: "",
-        };
-        requests.get_or_create(&request).inc_by(41);
-        let token = TokenUsageLabels {
-            gen_ai_operation_name: "chat",
-            gen_ai_provider_name: "openai",
-            gen_ai_request_model: tricky.into(),
-            gen_ai_response_model: "m-1".into(),
-            gen_ai_token_type: "output",
-        };
-        let histogram = usage.get_or_create(&token);
-        for value in [0.000_001, 3.0, 3.0, 20.0, 1e9] {
-            histogram.observe(value);
-        }
-        let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
-
-        let (families, skipped) = parse(&text);
-        assert_eq!(skipped, 0, "{text}");
-        assert_eq!(families[0].series[0].labels[0], ("route".to_string(), tricky.to_string()), "{text}");
-        assert_eq!(families[0].series[0].value, Value::Int(41));
-        let Value::Histogram { buckets, sum, count } = &families[1].series[0].value else { panic!("{families:#?}") };
-        // prometheus-client sorts nothing: the bounds as given, then +Inf.
-        assert_eq!(buckets, &[(1.0, 1), (4.0, 3), (0.000_005, 3), (16777216.0, 4), (f64::INFINITY, 5)], "{text}");
-        assert_eq!((*sum, *count), (0.000_001 + 3.0 + 3.0 + 20.0 + 1e9, 5));
-        assert_eq!(families[1].series[0].labels[2], ("gen_ai_request_model".to_string(), tricky.to_string()));
-    }
-
-    /// Every family of the process's registry is read, whatever it holds.
-    #[test]
-    fn reads_the_whole_process_registry() {
-        let text = metrics().encode();
-        let (families, skipped) = parse(&text);
-        assert_eq!(skipped, 0, "{text}");
-        assert_eq!(families.len(), text.matches("# TYPE ").count(), "{text}");
-        let build = families.iter().find(|f| f.name == "sluice_build_info").expect("the build family");
-        assert_eq!(build.series[0].value, Value::Int(1));
-    }
-
-    #[test]
-    fn names_and_units() {
-        let name = |family: &str, kind| otlp_name(family, kind);
-        assert_eq!(name("gen_ai_client_token_usage", Kind::Histogram), ("gen_ai.client.token.usage".into(), "{token}"));
-        assert_eq!(
-            name("gen_ai_server_request_duration_seconds", Kind::Histogram),
-            ("gen_ai.server.request.duration".into(), "s")
-        );
-        assert_eq!(
-            name("gen_ai_server_time_to_first_token_seconds", Kind::Histogram),
-            ("gen_ai.server.time_to_first_token".into(), "s")
-        );
-        assert_eq!(name("sluice_requests_total", Kind::Counter), ("sluice_requests".into(), ""));
-        assert_eq!(name("sluice_request_duration_seconds", Kind::Histogram), ("sluice_request_duration".into(), "s"));
-        assert_eq!(name("sluice_plugin_instances", Kind::Gauge), ("sluice_plugin_instances".into(), ""));
-        // `_total` is a counter's suffix only.
-        assert_eq!(name("sluice_grand_total", Kind::Gauge), ("sluice_grand_total".into(), ""));
+    /// The registry as prometheus-client's protobuf encoder gives it.
+    fn families_of(registry: &Registry) -> Vec<MetricFamily> {
+        prometheus_client::encoding::prometheus_protobuf::encode(registry).unwrap()
     }
 
     fn string_attributes(attributes: &[KeyValue]) -> Vec<(String, String)> {
@@ -964,65 +646,214 @@ mod tests {
         proto_resource(&resource(&env_of(&[])))
     }
 
+    /// A registry with a counter, a gauge, a histogram (with labels) and a
+    /// family without series, pushed as one OTLP request: names, units,
+    /// attributes, temporality, values, buckets and times.
     #[test]
-    fn counters_gauges_and_histograms_as_otlp() {
-        let text = concat!(
-            "# HELP sluice_requests_total Requests\n",
-            "# TYPE sluice_requests_total counter\n",
-            "sluice_requests_total{route=\"r\",error_code=\"\"} 3\n",
-            "# HELP sluice_plugin_instances Instances\n",
-            "# TYPE sluice_plugin_instances gauge\n",
-            "sluice_plugin_instances{state=\"idle\"} 2\n",
-            "# HELP gen_ai_client_token_usage Tokens\n",
-            "# TYPE gen_ai_client_token_usage histogram\n",
-            "gen_ai_client_token_usage_bucket{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\",le=\"1\"} 1\n",
-            "gen_ai_client_token_usage_bucket{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\",le=\"4\"} 1\n",
-            "gen_ai_client_token_usage_bucket{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\",le=\"16\"} 3\n",
-            "gen_ai_client_token_usage_bucket{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\",le=\"+Inf\"} 4\n",
-            "gen_ai_client_token_usage_sum{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\"} 120\n",
-            "gen_ai_client_token_usage_count{gen_ai_token_type=\"input\",gen_ai_request_model=\"m\"} 4\n",
-            "# HELP sluice_reconciles_total Reconciles, none here\n",
-            "# TYPE sluice_reconciles_total counter\n",
-        );
-        let (families, _) = parse(text);
+    fn a_registry_becomes_an_otlp_request() {
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+        struct StateLabels {
+            state: &'static str,
+        }
+        let mut registry = Registry::default();
+        let requests = PromFamily::<RequestLabels, Counter>::default();
+        registry.register("sluice_requests", "Requests", requests.clone());
+        let instances = PromFamily::<StateLabels, PromGauge>::default();
+        registry.register("sluice_plugin_instances", "Instances", instances.clone());
+        let usage: PromFamily<TokenUsageLabels, PromHistogram, _> =
+            PromFamily::new_with_constructor(|| PromHistogram::new([1.0, 4.0, 16.0]));
+        registry.register("gen_ai_client_token_usage", "Tokens", usage.clone());
+        let durations = PromHistogram::new([0.5]);
+        registry.register_with_unit("sluice_request_duration", "Durations", Unit::Seconds, durations.clone());
+        let budget = PromGauge::<i64, std::sync::atomic::AtomicI64>::default();
+        registry.register_with_unit("sluice_response_buffer_budget", "Budget", Unit::Bytes, budget.clone());
+        let reconciles = PromFamily::<RequestLabels, Counter>::default();
+        registry.register("sluice_reconciles", "Reconciles, none here", reconciles);
+
+        let route = RequestLabels {
+            route: "r".into(),
+            model: "m".into(),
+            backend: "http://b/v1".into(),
+            status_class: "2xx",
+            error_code: "",
+        };
+        requests.get_or_create(&route).inc_by(3);
+        instances.get_or_create(&StateLabels { state: "idle" }).set(-2);
+        let token = TokenUsageLabels {
+            gen_ai_operation_name: "chat",
+            gen_ai_provider_name: "openai",
+            gen_ai_request_model: "m".into(),
+            gen_ai_response_model: "m-1".into(),
+            gen_ai_token_type: "input",
+        };
+        for tokens in [1.0, 10.0, 12.0, 97.0] {
+            usage.get_or_create(&token).observe(tokens);
+        }
+        durations.observe(0.25);
+        budget.set(1 << 20);
+
         let (start, now) = (1_000, 2_000);
-        let request = request(&families, &test_resource(), start, now);
+        let request = request(&families_of(&registry), &test_resource(), start, now);
         let [resource_metrics] = &request.resource_metrics[..] else { panic!("{request:#?}") };
         let service = resource_metrics.resource.as_ref().unwrap().attributes.iter().find(|kv| kv.key == "service.name");
         assert!(service.is_some(), "{resource_metrics:#?}");
         let scope = &resource_metrics.scope_metrics[0];
         assert_eq!(scope.scope.as_ref().unwrap().name, "sluice");
-        // No data points, no metric.
-        let [requests, instances, usage] = &scope.metrics[..] else { panic!("{scope:#?}") };
+        // No series, no metric.
+        let [requests, instances, usage, durations, budget] = &scope.metrics[..] else { panic!("{scope:#?}") };
 
-        assert_eq!((requests.name.as_str(), requests.description.as_str()), ("sluice_requests", "Requests"));
+        // A counter: a monotonic cumulative sum from `start`.
+        assert_eq!((requests.name.as_str(), requests.description.as_str()), ("sluice_requests", "Requests."));
+        assert_eq!(requests.unit, "");
         let Some(metric::Data::Sum(sum)) = &requests.data else { panic!("{requests:#?}") };
         assert!(sum.is_monotonic);
         assert_eq!(sum.aggregation_temporality, AggregationTemporality::Cumulative as i32);
         let point = &sum.data_points[0];
         assert_eq!((point.start_time_unix_nano, point.time_unix_nano), (start, now));
         assert_eq!(point.value, Some(number_data_point::Value::AsInt(3)));
-        // An empty label is no attribute.
-        assert_eq!(string_attributes(&point.attributes), labels(&[("route", "r")]));
+        // The labels in their order; an empty one is no attribute.
+        assert_eq!(
+            string_attributes(&point.attributes),
+            labels(&[("route", "r"), ("model", "m"), ("backend", "http://b/v1"), ("status_class", "2xx")])
+        );
 
+        // A gauge: of the moment, no start.
+        assert_eq!(instances.name, "sluice_plugin_instances");
         let Some(metric::Data::Gauge(gauge)) = &instances.data else { panic!("{instances:#?}") };
         let point = &gauge.data_points[0];
         assert_eq!((point.start_time_unix_nano, point.time_unix_nano), (0, now));
-        assert_eq!(point.value, Some(number_data_point::Value::AsInt(2)));
+        assert_eq!(point.value, Some(number_data_point::Value::AsInt(-2)));
+        assert_eq!(string_attributes(&point.attributes), labels(&[("state", "idle")]));
 
+        // A histogram: the GenAI name, unit and attribute names; a count per
+        // bucket, not cumulative, the last past the highest bound.
         assert_eq!((usage.name.as_str(), usage.unit.as_str()), ("gen_ai.client.token.usage", "{token}"));
         let Some(metric::Data::Histogram(histogram)) = &usage.data else { panic!("{usage:#?}") };
         assert_eq!(histogram.aggregation_temporality, AggregationTemporality::Cumulative as i32);
         let point = &histogram.data_points[0];
         assert_eq!(point.explicit_bounds, [1.0, 4.0, 16.0]);
-        // Per bucket, not cumulative; the last is past 16.
         assert_eq!(point.bucket_counts, [1, 0, 2, 1]);
         assert_eq!((point.count, point.sum), (4, Some(120.0)));
         assert_eq!((point.start_time_unix_nano, point.time_unix_nano), (start, now));
         assert_eq!(
             string_attributes(&point.attributes),
-            labels(&[("gen_ai.token.type", "input"), ("gen_ai.request.model", "m")])
+            labels(&[
+                ("gen_ai.operation.name", "chat"),
+                ("gen_ai.provider.name", "openai"),
+                ("gen_ai.request.model", "m"),
+                ("gen_ai.response.model", "m-1"),
+                ("gen_ai.token.type", "input"),
+            ])
         );
+
+        // Seconds: the suffix goes, the unit is `s`; a histogram without
+        // labels has one point without attributes.
+        assert_eq!((durations.name.as_str(), durations.unit.as_str()), ("sluice_request_duration", "s"));
+        let Some(metric::Data::Histogram(histogram)) = &durations.data else { panic!("{durations:#?}") };
+        let point = &histogram.data_points[0];
+        assert_eq!((point.explicit_bounds.as_slice(), point.bucket_counts.as_slice()), (&[0.5][..], &[1, 0][..]));
+        assert_eq!((point.count, point.sum), (1, Some(0.25)));
+        assert!(point.attributes.is_empty());
+        // Other units keep the name /metrics serves.
+        assert_eq!((budget.name.as_str(), budget.unit.as_str()), ("sluice_response_buffer_budget_bytes", ""));
+    }
+
+    /// Label values arrive as written, whatever they hold: nothing escaped
+    /// on the way.
+    #[test]
+    fn label_values_and_buckets_as_the_registry_holds_them() {
+        let mut registry = Registry::default();
+        let requests = PromFamily::<RequestLabels, Counter>::default();
+        registry.register("sluice_requests", "Requests", requests.clone());
+        let usage: PromFamily<TokenUsageLabels, PromHistogram, _> =
+            PromFamily::new_with_constructor(|| PromHistogram::new([0.000_005, 1.0, 4.0, 16777216.0]));
+        registry.register("gen_ai_client_token_usage", "Tokens", usage.clone());
+        let tricky = "quote \" backslash \\ newline \n return \r comma , brace } λ";
+        let route = RequestLabels {
+            route: tricky.into(),
+            model: "m".into(),
+            backend: "http://b/v1".into(),
+            status_class: "2xx",
+            error_code: "",
+        };
+        requests.get_or_create(&route).inc_by(41);
+        let token = TokenUsageLabels {
+            gen_ai_operation_name: "chat",
+            gen_ai_provider_name: "openai",
+            gen_ai_request_model: tricky.into(),
+            gen_ai_response_model: "m-1".into(),
+            gen_ai_token_type: "output",
+        };
+        let histogram = usage.get_or_create(&token);
+        for value in [0.000_001, 3.0, 3.0, 20.0, 1e9] {
+            histogram.observe(value);
+        }
+
+        let request = request(&families_of(&registry), &test_resource(), 1, 2);
+        let metrics = &request.resource_metrics[0].scope_metrics[0].metrics;
+        let Some(metric::Data::Sum(sum)) = &metrics[0].data else { panic!("{metrics:#?}") };
+        assert_eq!(string_attributes(&sum.data_points[0].attributes)[0], ("route".to_string(), tricky.to_string()));
+        assert_eq!(sum.data_points[0].value, Some(number_data_point::Value::AsInt(41)));
+        let Some(metric::Data::Histogram(histogram)) = &metrics[1].data else { panic!("{metrics:#?}") };
+        let point = &histogram.data_points[0];
+        assert_eq!(point.explicit_bounds, [0.000_005, 1.0, 4.0, 16777216.0]);
+        assert_eq!(point.bucket_counts, [1, 0, 2, 1, 1]);
+        assert_eq!((point.sum, point.count), (Some(0.000_001 + 3.0 + 3.0 + 20.0 + 1e9), 5));
+        assert_eq!(string_attributes(&point.attributes)[2], ("gen_ai.request.model".to_string(), tricky.to_string()));
+    }
+
+    /// Whole values go as integers, others as doubles.
+    #[test]
+    fn numbers_as_integers_when_whole() {
+        use number_data_point::Value::{AsDouble, AsInt};
+        assert_eq!(number(3.0), AsInt(3));
+        assert_eq!(number(-2.0), AsInt(-2));
+        assert_eq!(number(9_007_199_254_740_992.0), AsInt(9_007_199_254_740_992));
+        assert_eq!(number(0.25), AsDouble(0.25));
+        assert_eq!(number(1e300), AsDouble(1e300));
+        assert_eq!(number(f64::INFINITY), AsDouble(f64::INFINITY));
+        assert!(matches!(number(f64::NAN), AsDouble(nan) if nan.is_nan()));
+    }
+
+    /// Every family of the process's registry is sent: each one with a
+    /// series is a metric.
+    #[test]
+    fn sends_the_whole_process_registry() {
+        let families = metrics().families();
+        let text = metrics().encode();
+        assert_eq!(families.len(), text.matches("# TYPE ").count(), "{text}");
+        let with_series = families.iter().filter(|family| !family.metric.is_empty()).count();
+        let request = request(&families, &test_resource(), 1, 2);
+        let sent = &request.resource_metrics[0].scope_metrics[0].metrics;
+        assert_eq!(sent.len(), with_series, "{families:#?}");
+        let build = sent.iter().find(|m| m.name == "sluice_build_info").expect("the build info");
+        let Some(metric::Data::Gauge(gauge)) = &build.data else { panic!("{build:#?}") };
+        assert_eq!(gauge.data_points[0].value, Some(number_data_point::Value::AsInt(1)));
+    }
+
+    #[test]
+    fn names_and_units() {
+        let name = |family: &str, kind| otlp_name(family, kind);
+        assert_eq!(
+            name("gen_ai_client_token_usage", MetricType::Histogram),
+            ("gen_ai.client.token.usage".into(), "{token}")
+        );
+        assert_eq!(
+            name("gen_ai_server_request_duration_seconds", MetricType::Histogram),
+            ("gen_ai.server.request.duration".into(), "s")
+        );
+        assert_eq!(
+            name("gen_ai_server_time_to_first_token_seconds", MetricType::Histogram),
+            ("gen_ai.server.time_to_first_token".into(), "s")
+        );
+        assert_eq!(name("sluice_requests_total", MetricType::Counter), ("sluice_requests".into(), ""));
+        assert_eq!(
+            name("sluice_request_duration_seconds", MetricType::Histogram),
+            ("sluice_request_duration".into(), "s")
+        );
+        assert_eq!(name("sluice_plugin_instances", MetricType::Gauge), ("sluice_plugin_instances".into(), ""));
+        // `_total` is a counter's suffix only.
+        assert_eq!(name("sluice_grand_total", MetricType::Gauge), ("sluice_grand_total".into(), ""));
     }
 
     #[test]
@@ -1047,16 +878,14 @@ mod tests {
         b.get_or_create(&tokens).inc();
         registry.register("a", "", a);
         registry.register("b", "", b);
-        let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
-        let (families, _) = parse(&text);
+        let families = families_of(&registry);
         for family in &families {
-            for (key, _) in string_attributes(&attributes(&family.series[0].labels)) {
+            for (key, _) in string_attributes(&attributes(&family.metric[0].label)) {
                 assert!(key.starts_with("gen_ai.") && !key.contains("gen_ai_"), "{key} is a Prometheus spelling");
             }
         }
         let keys: Vec<String> =
-            string_attributes(&attributes(&families[1].series[0].labels)).into_iter().map(|(k, _)| k).collect();
+            string_attributes(&attributes(&families[1].metric[0].label)).into_iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
             [
@@ -1315,8 +1144,8 @@ mod tests {
         }
     }
 
-    /// The figure for one push: a registry of a few hundred series read
-    /// back and made into one OTLP request.
+    /// The figure for one push: a registry of a few hundred series taken
+    /// as families and made into one OTLP request.
     #[test]
     fn a_push_of_hundreds_of_series() {
         let mut registry = Registry::default();
@@ -1349,16 +1178,13 @@ mod tests {
         let (mut encoding, mut converting, mut bytes) = (Duration::ZERO, Duration::ZERO, 0);
         for _ in 0..runs {
             let started = Instant::now();
-            let mut text = String::new();
-            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+            let families = families_of(&registry);
             let encoded = Instant::now();
-            let (families, skipped) = parse(&text);
             let request = request(&families, &resource, 1, 2);
             let message = request.encode_to_vec();
             converting += encoded.elapsed();
             encoding += encoded - started;
             bytes = message.len();
-            assert_eq!(skipped, 0);
             let points: usize = request.resource_metrics[0].scope_metrics[0]
                 .metrics
                 .iter()
@@ -1372,7 +1198,7 @@ mod tests {
             assert_eq!(points, series);
         }
         eprintln!(
-            "one push of {series} series ({bytes} bytes of protobuf): text encoding {:?}, reading + OTLP + protobuf {:?}",
+            "one push of {series} series ({bytes} bytes of protobuf): the registry's families {:?}, OTLP + protobuf {:?}",
             encoding / runs,
             converting / runs
         );

@@ -11,45 +11,40 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::{InstrumentationScope, KeyValue, StringValue, Value};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::resource::{EnvResourceDetector, TelemetryResourceDetector};
-use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanEvents, SpanExporter, SpanLinks, SpanProcessor};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, Sampler, SamplingDecision, ShouldSample, SpanData, SpanEvents, SpanExporter, SpanLinks,
+    SpanProcessor,
+};
 
 use crate::context::new_trace_id;
 pub use crate::context::{TraceContext, new_span_id, parse_traceparent};
 use crate::metrics::Label;
 use crate::record::RequestRecord;
 
-/// Which new traces are sampled.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Sampler {
-    /// The share of traces sampled, by trace id.
-    ratio: f64,
-    /// A client's `traceparent` decides for its trace (`parentbased_*`).
-    parent_based: bool,
-}
-
-impl Sampler {
-    fn sampled(&self, trace_id: &[u8; 16], parent_sampled: Option<bool>) -> bool {
-        match parent_sampled {
-            Some(sampled) if self.parent_based => sampled,
-            // By the trace id, as OpenTelemetry's ratio sampler does: every
-            // replica decides the same for one trace.
-            _ => {
-                let low = trace_id[8..].try_into().map_or(0, u64::from_be_bytes);
-                self.ratio >= 1.0 || (low as f64) < self.ratio * u64::MAX as f64
-            }
-        }
-    }
+/// Whether the SDK's `sampler` samples a trace: a child of the client's
+/// span (`parent`: its id and sampled flag) or a new one. By the trace id
+/// only, as OpenTelemetry's ratio sampler has it: every replica decides the
+/// same for one trace.
+fn samples(sampler: &dyn ShouldSample, trace_id: [u8; 16], parent: Option<([u8; 8], bool)>) -> bool {
+    let trace_id = TraceId::from_bytes(trace_id);
+    let parent = parent.map(|(span_id, sampled)| {
+        let flags = if sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        let span = SpanContext::new(trace_id, SpanId::from_bytes(span_id), flags, true, TraceState::default());
+        opentelemetry::Context::new().with_remote_span_context(span)
+    });
+    let decision = sampler.should_sample(parent.as_ref(), trace_id, "", &SpanKind::Server, &[], &[]).decision;
+    decision == SamplingDecision::RecordAndSample
 }
 
 /// The tracer once set up: the sampler and where finished spans go.
 pub(crate) struct Tracer {
-    sampler: Sampler,
+    sampler: Box<dyn ShouldSample>,
     processor: Arc<BatchSpanProcessor>,
 }
 
@@ -67,11 +62,11 @@ pub fn start(traceparent: Option<&[u8]>) -> Option<TraceContext> {
     let tracer = TRACER.get()?;
     let span_id = new_span_id();
     if let Some((trace_id, parent, sampled)) = traceparent.and_then(parse_traceparent) {
-        let sampled = tracer.sampler.sampled(&trace_id, Some(sampled));
+        let sampled = samples(&*tracer.sampler, trace_id, Some((parent, sampled)));
         return Some(TraceContext { trace_id, span_id, parent_span_id: Some(parent), sampled });
     }
     let trace_id = new_trace_id();
-    let sampled = tracer.sampler.sampled(&trace_id, None);
+    let sampled = samples(&*tracer.sampler, trace_id, None);
     Some(TraceContext { trace_id, span_id, parent_span_id: None, sampled })
 }
 
@@ -88,8 +83,9 @@ pub struct TraceConfig {
     /// `OTEL_EXPORTER_OTLP_PROTOCOL`, then `http/protobuf`.
     pub protocol: Option<Protocol>,
     /// The share of new traces sampled, 0 to 1 (a client's sampled flag is
-    /// kept). Else `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, then
-    /// all.
+    /// kept). Else the SDK's sampler: `OTEL_TRACES_SAMPLER` and
+    /// `OTEL_TRACES_SAMPLER_ARG`, then `parentbased_always_on`; a value it
+    /// does not know is warned of, not an error.
     pub sample_ratio: Option<f64>,
 }
 
@@ -141,8 +137,8 @@ fn setting(name: &'static str, message: impl Into<String>) -> TraceError {
 /// Keeps the exporter running: [`TraceGuard::shutdown`] (or dropping it)
 /// exports the spans still queued, then stops it.
 pub struct TraceGuard {
-    processor: Arc<BatchSpanProcessor>,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Until shut down.
+    processor: Option<Arc<BatchSpanProcessor>>,
 }
 
 impl TraceGuard {
@@ -153,12 +149,10 @@ impl TraceGuard {
     }
 
     fn close(&mut self) {
-        let Some(runtime) = self.runtime.take() else { return };
-        if let Err(error) = self.processor.shutdown() {
+        let Some(processor) = self.processor.take() else { return };
+        if let Err(error) = processor.shutdown() {
             tracing::warn!(%error, "the last spans were not all exported");
         }
-        // Not dropped: dropping a runtime inside another one panics.
-        runtime.shutdown_background();
     }
 }
 
@@ -226,21 +220,20 @@ fn build(config: TraceConfig, env: Env) -> Result<Option<(Tracer, TraceGuard)>, 
         Some(protocol) => protocol,
         None => protocol_from_env(env)?,
     };
-    let sampler = match config.sample_ratio {
-        Some(ratio) => Sampler { ratio: ratio_in_range("the sample ratio", ratio)?, parent_based: true },
-        None => sampler_from_env(env)?,
+    let sampler: Box<dyn ShouldSample> = match config.sample_ratio {
+        Some(ratio) => {
+            let ratio = ratio_in_range("the sample ratio", ratio)?;
+            Box::new(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))))
+        }
+        // The SDK's, from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`
+        // (it warns of a value it does not know, and samples by the parent,
+        // else all).
+        None => opentelemetry_sdk::trace::Config::default().sampler,
     };
 
-    // The exporter's own runtime: tonic and hyper need one, the batch
-    // processor exports from its own thread, and the process's runtime may
-    // be busy, single-threaded or gone by the time the last spans go out.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .max_blocking_threads(1)
-        .thread_name("sluice-otlp")
-        .enable_all()
-        .build()
-        .map_err(TraceError::Runtime)?;
+    // The batch processor exports from its own thread, each export on the
+    // runtime the metrics are pushed from too.
+    let runtime = crate::export::runtime().map_err(TraceError::Runtime)?;
     let mut exporter = {
         // tonic's channel spawns its worker where it is built.
         let _runtime = runtime.enter();
@@ -268,7 +261,7 @@ fn build(config: TraceConfig, env: Env) -> Result<Option<(Tracer, TraceGuard)>, 
     let exporter = OnRuntime { exporter: Arc::new(exporter), runtime: runtime.handle().clone() };
     let processor = Arc::new(BatchSpanProcessor::builder(exporter).build());
     let tracer = Tracer { sampler, processor: processor.clone() };
-    Ok(Some((tracer, TraceGuard { processor, runtime: Some(runtime) })))
+    Ok(Some((tracer, TraceGuard { processor: Some(processor) })))
 }
 
 /// The traces URL under an OTLP/HTTP base URL, as the exporter makes it of
@@ -284,40 +277,6 @@ fn protocol_from_env(env: Env) -> Result<Protocol, TraceError> {
         }
     }
     Ok(Protocol::HttpProtobuf)
-}
-
-/// `OTEL_TRACES_SAMPLER` and its argument; the default is
-/// `parentbased_always_on`.
-fn sampler_from_env(env: Env) -> Result<Sampler, TraceError> {
-    const SAMPLER: &str = "OTEL_TRACES_SAMPLER";
-    const ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
-    let sampler = env(SAMPLER);
-    let sampler = sampler.as_deref().map_or("parentbased_always_on", str::trim);
-    let (parent_based, name) = match sampler.strip_prefix("parentbased_") {
-        Some(name) => (true, name),
-        None => (false, sampler),
-    };
-    let ratio = match name {
-        "always_on" => 1.0,
-        "always_off" => 0.0,
-        // The argument's default is 1.0.
-        "traceidratio" => match env(ARG) {
-            None => 1.0,
-            Some(arg) => {
-                let ratio = arg.trim().parse().map_err(|_| setting(ARG, format!("`{arg}` is not a number")))?;
-                ratio_in_range(ARG, ratio)?
-            }
-        },
-        _ => {
-            return Err(setting(
-                SAMPLER,
-                format!(
-                    "`{sampler}` is not a sampler Sluice knows: [parentbased_]always_on, always_off or traceidratio"
-                ),
-            ));
-        }
-    };
-    Ok(Sampler { ratio, parent_based })
 }
 
 fn ratio_in_range(name: &'static str, ratio: f64) -> Result<f64, TraceError> {
@@ -840,48 +799,38 @@ mod tests {
     }
 
     #[test]
-    fn samplers_from_the_environment() {
-        let sampler = |vars: &[(&str, &str)]| sampler_from_env(&env_of(vars));
-        let on = Sampler { ratio: 1.0, parent_based: true };
-        assert_eq!(sampler(&[]).unwrap(), on);
-        assert_eq!(sampler(&[("OTEL_TRACES_SAMPLER", "parentbased_always_on")]).unwrap(), on);
-        assert_eq!(
-            sampler(&[("OTEL_TRACES_SAMPLER", "always_off")]).unwrap(),
-            Sampler { ratio: 0.0, parent_based: false }
-        );
-        assert_eq!(
-            sampler(&[("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.25")])
-                .unwrap(),
-            Sampler { ratio: 0.25, parent_based: true }
-        );
-        assert_eq!(
-            sampler(&[("OTEL_TRACES_SAMPLER", "traceidratio")]).unwrap(),
-            Sampler { ratio: 1.0, parent_based: false }
-        );
-        for bad in [
-            &[("OTEL_TRACES_SAMPLER", "jaeger_remote")][..],
-            &[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "half")],
-            &[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "1.5")],
-            &[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "NaN")],
-        ] {
-            assert!(sampler(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
     fn sampling_decisions() {
         let trace = new_trace_id();
-        let parent_based = Sampler { ratio: 0.0, parent_based: true };
-        assert!(parent_based.sampled(&trace, Some(true)));
-        assert!(!parent_based.sampled(&trace, None));
-        let never = Sampler { ratio: 0.0, parent_based: false };
-        assert!(!never.sampled(&trace, Some(true)));
-        let always = Sampler { ratio: 1.0, parent_based: false };
-        assert!(always.sampled(&trace, Some(false)));
-        let half = Sampler { ratio: 0.5, parent_based: true };
-        let sampled = (0..2000).filter(|_| half.sampled(&new_trace_id(), None)).count();
+        let parent = [7; 8];
+        let ratio = |ratio| Sampler::TraceIdRatioBased(ratio);
+        // What `--trace-sample-ratio` sets up: the client's flag decides.
+        let parent_based = Sampler::ParentBased(Box::new(ratio(0.0)));
+        assert!(samples(&parent_based, trace, Some((parent, true))));
+        assert!(!samples(&parent_based, trace, Some((parent, false))));
+        assert!(!samples(&parent_based, trace, None));
+        assert!(!samples(&Sampler::AlwaysOff, trace, Some((parent, true))));
+        assert!(samples(&Sampler::AlwaysOn, trace, Some((parent, false))));
+        let half = Sampler::ParentBased(Box::new(ratio(0.5)));
+        let sampled_count = (0..2000).filter(|_| samples(&half, new_trace_id(), None)).count();
         // Binomial(2000, 0.5): this range is more than 8 standard deviations.
-        assert!((800..1200).contains(&sampled), "{sampled}");
+        assert!((800..1200).contains(&sampled_count), "{sampled_count}");
+        // By the trace id: the same decision every time.
+        let decisions: Vec<bool> = (0..10).map(|_| samples(&half, trace, None)).collect();
+        assert!(decisions.iter().all(|d| *d == decisions[0]), "{decisions:?}");
+    }
+
+    /// Unless the ratio is given, the SDK's sampler from the environment:
+    /// by default, the parent's decision, else all.
+    #[test]
+    fn the_default_sampler_is_the_sdks() {
+        if std::env::var_os("OTEL_TRACES_SAMPLER").is_some() {
+            return;
+        }
+        let config = TraceConfig { endpoint: Some("http://127.0.0.1:4318".into()), ..Default::default() };
+        let (tracer, guard) = build(config, &env_of(&[])).unwrap().unwrap();
+        assert!(samples(&*tracer.sampler, new_trace_id(), None));
+        assert!(!samples(&*tracer.sampler, new_trace_id(), Some(([7; 8], false))));
+        guard.shutdown();
     }
 
     #[test]
