@@ -8,6 +8,7 @@ mod bench;
 mod cycles;
 mod fuzz;
 mod go;
+mod hakari;
 mod kube;
 mod new_plugin;
 mod otelcol;

@@ -7,7 +7,7 @@ use std::thread;
 use anyhow::Result;
 
 use crate::toolchain::{self, C_TOOLCHAIN_PACKAGES, TOOLS_VENV_ENV, absolute, tools_venv};
-use crate::{cargo, cycles, kube, otelcol, plugins, run, step};
+use crate::{cargo, cycles, hakari, kube, otelcol, plugins, run, step};
 
 /// Debian packages the test suite needs beyond the Rust toolchain and the
 /// guest toolchains: an OCI registry and an independent client for the OCI
@@ -48,14 +48,21 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     // an OpenTelemetry Collector for the tracing tests. Both are Go builds,
     // cached per machine; side by side, one's downloads and linking overlap
     // the other's compiling.
-    let (kube_bin, otelcol_bin) = thread::scope(|scope| {
+    // cargo-hakari, to check the workspace-hack crate, installs beside them.
+    let hakari_log = absolute(&crate::target_dir().join("tools/logs/cargo-hakari.log"))?;
+    let (kube_bin, otelcol_bin, hakari) = thread::scope(|scope| {
         let kube = scope.spawn(kube::ensure);
         let otelcol = scope.spawn(otelcol::ensure);
-        (kube.join(), otelcol.join())
+        let hakari = scope.spawn(|| hakari::ensure(&hakari_log));
+        (kube.join(), otelcol.join(), hakari.join())
     });
     let panicked = || anyhow::anyhow!("a setup thread panicked");
     let kube_bin = kube_bin.map_err(|_| panicked())??;
     let otelcol_bin = otelcol_bin.map_err(|_| panicked())??;
+    let hakari = hakari.map_err(|_| panicked())??;
+
+    step("Checks: the workspace-hack crate is current");
+    hakari::check(&hakari)?;
 
     step("Running the test suite");
     let venv = absolute(&tools_venv())?;
