@@ -38,10 +38,11 @@ pub fn main(args: Args) -> Result<()> {
     step("Plugins: add-header and deny, as components without WASI (about 30 s the first time)");
     plugins::build_only(PLUGINS)?;
     // Only the binary, but with every dependency's features as the whole
-    // workspace's build has them (crates/workspace-hack): `cargo xtask
-    // test` reuses all of it, and the quickstart compiles no test.
+    // workspace's build has them (crates/workspace-hack, the feature
+    // `cargo xtask test` builds with too): the tests reuse all of it, and
+    // the quickstart compiles no test.
     step("The sluice binary (minutes the first time on 2 cores; seconds after that)");
-    run(cargo().args(["build", "--package", "sluice", "--bin", "sluice"]))?;
+    run(cargo().args(["build", "--package", "sluice", "--bin", "sluice", "--features", "workspace-hack"]))?;
 
     // The committed config points at the default upstream. For another one,
     // serve a rewritten copy, which lives as long as `rewritten`.

@@ -17,6 +17,11 @@ use crate::{cargo, cycles, hakari, kube, otelcol, plugins, run, step};
 /// matter.
 const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo", "prometheus"];
 
+/// The workspace's features, unified by crates/workspace-hack as the
+/// quickstart's build of the binary alone has them: either build reuses
+/// what the other compiled.
+const UNIFIED: [&str; 2] = ["--features", "sluice/workspace-hack"];
+
 pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     step("Checks: formatting and import cycles");
     run(cargo().args(["fmt", "--all", "--check"]))?;
@@ -33,12 +38,12 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     // features without the dev-dependencies, so `cargo test` would then
     // compile wasmtime, kube, hyper and 140 other crates a second time.
     step("Building the sluice binary and the tests");
-    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
+    run(cargo().args(["build", "--workspace", "--all-targets"]).args(UNIFIED))?;
 
     // Clippy after the build: it reuses the build scripts' output, and a
     // lint never hides a compile error behind its own.
     step("Lints: clippy");
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets"]).args(UNIFIED).args(["--", "-D", "warnings"]))?;
 
     // The plugins' own unit tests run natively; the guest workspace is separate.
     step("Running the plugins' unit tests");
@@ -71,6 +76,7 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     println!("{}={}", otelcol::BIN_ENV, otelcol_bin.display());
     run(cargo()
         .args(["test", "--workspace"])
+        .args(UNIFIED)
         .args(cargo_test_args)
         .env(TOOLS_VENV_ENV, venv)
         .env(kube::BIN_DIR_ENV, kube_bin)
