@@ -46,10 +46,7 @@ pub fn check(hakari: &Path) -> Result<()> {
         .status()
         .with_context(|| format!("cannot run {}", hakari.display()))?;
     if !status.success() {
-        bail!(
-            "crates/workspace-hack is stale: run `{} hakari generate` and commit the result",
-            hakari.display()
-        );
+        bail!("crates/workspace-hack is stale: run `{} hakari generate` and commit the result", hakari.display());
     }
     run(Command::new(hakari).args(["hakari", "verify"]))
 }
