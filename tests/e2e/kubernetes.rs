@@ -32,7 +32,7 @@ fn sha256_of(path: &Path) -> String {
 }
 
 /// The shared cluster with the CRDs installed, and a fresh namespace.
-async fn cluster_with_namespace(name: &str) -> (&'static KubeCluster, String) {
+pub(crate) async fn cluster_with_namespace(name: &str) -> (&'static KubeCluster, String) {
     static CRDS: OnceCell<()> = OnceCell::const_new();
     let cluster = KubeCluster::shared().await;
     CRDS.get_or_init(|| install_crds(cluster)).await;

@@ -128,18 +128,17 @@ pub fn lease(name: &str, version: &str, spec: Value) -> Value {
 
 /// An AIModelRoute in namespace `team`.
 pub fn route(name: &str, generation: i64, spec: Value) -> Value {
-    json!({
-        "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
-        "metadata": {"name": name, "namespace": "team", "generation": generation, "uid": format!("uid-{name}"),
-                     "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": spec,
-    })
+    resource("AIModelRoute", name, generation, spec)
 }
 
 /// A GatewayPlugin in namespace `team`.
 pub fn plugin(name: &str, generation: i64, spec: Value) -> Value {
+    resource("GatewayPlugin", name, generation, spec)
+}
+
+fn resource(kind: &str, name: &str, generation: i64, spec: Value) -> Value {
     json!({
-        "apiVersion": "sluice.dev/v1alpha1", "kind": "GatewayPlugin",
+        "apiVersion": "sluice.dev/v1alpha1", "kind": kind,
         "metadata": {"name": name, "namespace": "team", "generation": generation, "uid": format!("uid-{name}"),
                      "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": spec,

@@ -2,6 +2,7 @@
 //! the ask came from (a directory of YAML, or the Kubernetes API) and of how
 //! it is served (hyper, wasmtime).
 
+pub mod account;
 pub mod backends;
 pub mod config;
 pub mod error;
@@ -10,6 +11,7 @@ pub mod redact;
 pub mod report;
 pub mod routing;
 
+pub use account::Account;
 pub use backends::{BackendPolicy, Cidr};
 pub use config::{
     ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, ModelConflict, Phase, PluginDecl,

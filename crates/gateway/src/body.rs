@@ -1,13 +1,12 @@
 //! The response body type, and the one place errors become HTTP responses.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use parking_lot::Mutex;
-use sluice_core::ApiError;
+use sluice_core::{Account, ApiError};
 use sluice_telemetry::metrics;
 use sluice_telemetry::metrics::ResponseBufferRefusalLabels;
 
@@ -79,29 +78,10 @@ struct Buffers {
     backends: Mutex<HashMap<Arc<str>, Weak<Account>>>,
 }
 
-struct Account {
-    used: AtomicUsize,
-    max: usize,
-}
-
-impl Account {
-    fn reserve(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&n| n <= self.max)
-            })
-            .is_ok()
-    }
-
-    fn release(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
-}
-
 impl std::fmt::Debug for ResponseBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseBuffers")
-            .field("max", &self.inner.total.max)
+            .field("max", &self.inner.total.max())
             .field("backend_max", &self.inner.backend_max)
             .finish()
     }
@@ -114,16 +94,12 @@ impl ResponseBuffers {
         let max = max.max(1);
         let backend_max = (max / 100).saturating_mul(usize::from(backend_percent.clamp(1, 100))).max(1);
         Self {
-            inner: Arc::new(Buffers {
-                total: Account { used: AtomicUsize::new(0), max },
-                backend_max,
-                backends: Mutex::new(HashMap::new()),
-            }),
+            inner: Arc::new(Buffers { total: Account::new(max), backend_max, backends: Mutex::new(HashMap::new()) }),
         }
     }
 
     pub fn max(&self) -> usize {
-        self.inner.total.max
+        self.inner.total.max()
     }
 
     /// An empty holding for one response from `backend` (its label; none:
@@ -135,7 +111,7 @@ impl ResponseBuffers {
                 return account;
             }
             backends.retain(|_, account| account.strong_count() > 0);
-            let account = Arc::new(Account { used: AtomicUsize::new(0), max: self.inner.backend_max });
+            let account = Arc::new(Account::new(self.inner.backend_max));
             backends.insert(label.into(), Arc::downgrade(&account));
             account
         });

@@ -13,7 +13,7 @@ pub(crate) const FORWARDED: &[&str] = &sluice_core::config::Endpoints::FORWARDED
 /// A backend's targets for the forwarded endpoints.
 pub struct Target {
     url: String,
-    provider: Provider,
+    api: Adapter,
     /// The URI for each forwarded path that makes a valid one.
     uris: Vec<(&'static str, Uri)>,
     /// A plain-HTTP backend's `Host` header, as hyper's client would write
@@ -23,8 +23,8 @@ pub struct Target {
 
 impl Target {
     pub fn new(url: &str, provider: Provider) -> Self {
-        let uris =
-            FORWARDED.iter().filter_map(|path| Some((*path, uri_of(url, provider, path).parse().ok()?))).collect();
+        let api = Adapter::of(provider);
+        let uris = FORWARDED.iter().filter_map(|path| Some((*path, api.url(url, path).parse().ok()?))).collect();
         let host = url.parse::<Uri>().ok().filter(|uri| uri.scheme_str() == Some("http")).and_then(|uri| {
             let host = uri.host()?;
             match uri.port_u16().filter(|port| *port != 80) {
@@ -32,14 +32,14 @@ impl Target {
                 None => HeaderValue::from_str(host).ok(),
             }
         });
-        Target { url: url.to_owned(), provider, uris, host }
+        Target { url: url.to_owned(), api, uris, host }
     }
 
     /// The URI a request for `path` (and query) goes to.
     pub fn uri(&self, path: &str) -> Result<Uri, http::uri::InvalidUri> {
         match self.uris.iter().find(|(forwarded, _)| *forwarded == path) {
             Some((_, uri)) => Ok(uri.clone()),
-            None => uri_of(&self.url, self.provider, path).parse(),
+            None => self.api.url(&self.url, path).parse(),
         }
     }
 
@@ -47,10 +47,6 @@ impl Target {
     pub fn host(&self) -> Option<&HeaderValue> {
         self.host.as_ref()
     }
-}
-
-fn uri_of(url: &str, provider: Provider, path: &str) -> String {
-    Adapter::of(provider).url(url, path)
 }
 
 #[cfg(test)]
@@ -72,7 +68,7 @@ mod tests {
             for provider in [Provider::OpenAi, Provider::Anthropic] {
                 let target = Target::new(url, provider);
                 for path in paths {
-                    let expected: Uri = uri_of(url, provider, path).parse().unwrap();
+                    let expected: Uri = Adapter::of(provider).url(url, path).parse().unwrap();
                     assert_eq!(target.uri(path).unwrap(), expected, "{url} {path}");
                 }
             }

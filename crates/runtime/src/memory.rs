@@ -8,40 +8,13 @@
 //! idle never turns a live request away.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use sluice_core::Account;
 use sluice_telemetry::metrics::Gauge;
 use sluice_telemetry::metrics::{GuestMemoryRefusalLabels, NamespaceLabels};
-
-/// Memory charged to one holder (the process, a namespace, a plugin), up to
-/// its limit.
-#[derive(Debug)]
-pub(crate) struct Account {
-    used: AtomicUsize,
-    max: usize,
-}
-
-impl Account {
-    fn new(max: usize) -> Self {
-        Self { used: AtomicUsize::new(0), max }
-    }
-
-    /// Takes `bytes`, if that many are left.
-    fn reserve(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&n| n <= self.max)
-            })
-            .is_ok()
-    }
-
-    fn release(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
-}
 
 /// A namespace's share, and the gauge of what it holds.
 #[derive(Debug)]
@@ -239,7 +212,7 @@ impl GuestMemory {
 
     #[cfg(test)]
     pub fn used(&self) -> usize {
-        self.total.used.load(Ordering::Acquire)
+        self.total.used()
     }
 }
 

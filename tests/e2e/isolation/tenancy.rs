@@ -164,28 +164,6 @@ async fn a_chain_of_two_gateways_is_served() {
     assert_eq!(strict.chat("m", &[("via", "1.1 sluice-a, 1.1 proxy")]).await.status, 200);
 }
 
-/// The shared cluster with the CRDs installed, and a fresh namespace.
-async fn cluster_with_namespace(name: &str) -> &'static KubeCluster {
-    static CRDS: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    let cluster = KubeCluster::shared().await;
-    CRDS.get_or_init(|| async {
-        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/sluice.dev.yaml");
-        cluster.kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).await;
-        cluster
-            .kubectl_ok(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/gatewayplugins.sluice.dev",
-                "crd/aimodelroutes.sluice.dev",
-            ])
-            .await;
-    })
-    .await;
-    cluster.kubectl_ok(&["create", "namespace", name]).await;
-    cluster
-}
-
 fn k8s_route(namespace: &str, name: &str, model: &str, url: &str) -> String {
     format!(
         "apiVersion: sluice.dev/v1alpha1\nkind: AIModelRoute\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
@@ -218,7 +196,7 @@ async fn accepted(cluster: &KubeCluster, namespace: &str, name: &str) -> Option<
 #[tokio::test]
 async fn on_kubernetes_a_backend_cannot_reach_the_gateways_own_network_position() {
     let ns = "iso-ssrf";
-    let cluster = cluster_with_namespace(ns).await;
+    let (cluster, _) = crate::kubernetes::cluster_with_namespace(ns).await;
     let echo = Echo::start().await;
     let gateway = Gateway::start_kubernetes(cluster.kubeconfig(), ns, "replica-a", Options::default()).await;
     let admin = gateway.admin_addr();

@@ -201,15 +201,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_codes_are_read_from_openai_error_bodies() {
-        let body =
-            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
-        assert_eq!(error_code(body).as_deref(), Some("context_length_exceeded"));
-        assert_eq!(error_code(br#"{"error":{"message":"x","code":null}}"#), None);
-        assert_eq!(error_code(b"not json"), None);
-    }
-
-    #[test]
     fn event_names_are_read() {
         assert_eq!(event_name(b"event: message_start\ndata: {}\n\n").as_deref(), Some("message_start"));
         assert_eq!(event_name(b"data: {}\n\n"), None);

@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use sluice_core::Provider;
 use sluice_core::routing::BackendTimeouts;
 
-use super::Adapter;
+use super::{Adapter, error_code};
 use crate::body::full;
 use crate::chain::Outgoing;
 use crate::gateway::Settings;
@@ -211,4 +211,12 @@ async fn every_backend_api_sends_and_returns_what_its_golden_fixtures_say() {
         }
     }
     assert_eq!(apis.into_iter().collect::<Vec<_>>(), ["anthropic", "openai"], "every backend API has golden fixtures");
+}
+
+#[test]
+fn error_codes_are_read_from_openai_error_bodies() {
+    let body = br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+    assert_eq!(error_code(body).as_deref(), Some("context_length_exceeded"));
+    assert_eq!(error_code(br#"{"error":{"message":"x","code":null}}"#), None);
+    assert_eq!(error_code(b"not json"), None);
 }
