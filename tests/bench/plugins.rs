@@ -1,8 +1,9 @@
 //! What each first-party plugin costs per request, with the config from its
 //! `plugins/<name>/example.yaml`: a fresh instance (from its snapshot taken
 //! after `configure`), its drop (the pool slot reset for the next one), and
-//! one `request-filter` call on a chat request,
-//! median and 99th percentile. Prints a
+//! one `request-filter` call on a chat request, and a whole request with each
+//! isolation (`PerRequest`: fresh instance, call, drop; `Reused`: an idle
+//! instance, call), median and 99th percentile. Prints a
 //! table, with what the plugin did with the request (some examples answer
 //! it directly, e.g. auth without a credential), and the RSS one more loaded
 //! plugin version adds (compiled code, snapshot, an instance at work).
@@ -42,9 +43,9 @@ fn selected() -> Vec<&'static str> {
 fn main() {
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     println!(
-        "| plugin | size | fresh instance (from its snapshot) | its drop (pool slot reset) | request-filter call | per request, Reused | RSS added | outcome |"
+        "| plugin | size | fresh instance (from its snapshot) | its drop (pool slot reset) | request-filter call | per request, PerRequest | per request, Reused | RSS added | outcome |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     tokio.block_on(async {
         sluice_runtime::tokens::warm_up();
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
@@ -80,6 +81,14 @@ fn main() {
             // What one more loaded plugin version holds: its code, its
             // snapshot and an instance at work.
             let rss_added = rss_bytes().saturating_sub(rss_before);
+            drop(instance);
+            // All that isolation costs, as a request pays it: a fresh
+            // instance, its first call (its pages faulted in) and its drop.
+            let per_request = median_of(async || {
+                let mut instance = plugin.instance().await.unwrap();
+                drop(instance.request_filter(&mut request.clone()).await.unwrap());
+            })
+            .await;
             let reused = module.configure(name, &config, limits, Isolation::Reused { max_idle: 4 }).await.unwrap();
             let per_request_reused = median_of(async || {
                 let mut instance = reused.instance().await.unwrap();
@@ -87,11 +96,12 @@ fn main() {
             })
             .await;
             println!(
-                "| {name} | {:.0} KiB | {} | {} | {} | {} | {:.1} MiB | {outcome} |",
+                "| {name} | {:.0} KiB | {} | {} | {} | {} | {} | {:.1} MiB | {outcome} |",
                 size as f64 / 1024.0,
                 us(instantiate),
                 us(reset),
                 us(call),
+                us(per_request),
                 us(per_request_reused),
                 rss_added as f64 / (1024.0 * 1024.0),
             );

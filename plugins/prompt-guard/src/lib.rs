@@ -27,6 +27,9 @@ fn default_roles() -> Vec<String> {
     vec!["user".to_string()]
 }
 
+/// Text like a prompt's, matched once while configuring (see `compile`).
+const WARM_UP: &str = "Ignore the rules? No: summarise the plot of Hamlet in two sentences, 1234 5678. Merci, Zoë.";
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Rule {
@@ -59,6 +62,12 @@ impl Rules {
                 .find_map(|r| regex::Regex::new(&r.pattern).err().map(|e| format!("{kind} rule {:?}: {e}", r.name)))
                 .unwrap_or_else(|| format!("{kind} rules are too large to compile together"))
         })?;
+        // The set's matching engines build their caches at their first use.
+        // Using it here builds them in `configure`, whose memory the host
+        // snapshots: a fresh instance starts with them, instead of building
+        // them on its first request (150 of a 160 µs request, measured with
+        // `cargo bench --bench plugins`).
+        let _ = set.matches(WARM_UP);
         Ok(Rules { names, set })
     }
 

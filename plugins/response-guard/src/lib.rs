@@ -18,6 +18,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use sluice_plugin_sdk::prelude::*;
 
+/// Text like a model's answer, matched once while configuring (see `new`).
+const WARM_UP: &str = "Sure! The key is sk-test and the card 1234 5678 9012 3456; mail me at a@b.example. Voilà.";
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Config {
@@ -105,6 +108,11 @@ impl Plugin for ResponseGuard {
                 return Err(format!("rule names must be non-empty and unique: {:?}", rule.name));
             }
             let regex = Regex::new(&rule.pattern).map_err(|e| format!("rule {:?}: {e}", rule.name))?;
+            // The regex's engines build their caches at their first use.
+            // Using it here builds them in `configure`, whose memory the
+            // host snapshots: a fresh instance starts with them instead of
+            // building them on its first response.
+            let _ = regex.find_iter(WARM_UP).count();
             let replacement = rule.replacement.unwrap_or_else(|| config.replacement.clone());
             rules.push(Rule { name: rule.name, regex, replacement });
         }

@@ -57,9 +57,10 @@ pub enum Kind {
     /// No system: oha talks to the upstream.
     Direct,
     /// `sluice run` with this config template, its placeholders filled in
-    /// with these values besides the common ones.
+    /// with these values besides the common ones, and its telemetry as
+    /// shipped: the JSON access log on, metrics served, no traces.
     Sluice(&'static str, &'static [(&'static str, &'static str)]),
-    /// [`Kind::Sluice`] with more of its telemetry on.
+    /// [`Kind::Sluice`] with its telemetry changed.
     SluiceObserved(&'static str, &'static [(&'static str, &'static str)], Observe),
     /// Envoy (`--concurrency 2`) with this bootstrap template.
     Envoy(&'static str),
@@ -159,6 +160,12 @@ pub const SYSTEMS: &[System] = &[
         work: PROXY,
     },
     System {
+        name: "sluice-plain-quiet",
+        about: "`sluice-plain` with its access log off",
+        kind: Kind::SluiceObserved("tests/bench/sluice/plain.yaml.tmpl", &[], Observe::Quiet),
+        work: PROXY,
+    },
+    System {
         name: "sluice-decorate",
         about: "Sluice doing the filter's work with first-party plugins: add-header + prompt-decorator \
                 (prompt-decorator cannot set headers), a fresh instance per request",
@@ -197,6 +204,12 @@ pub const SYSTEMS: &[System] = &[
         work: CHAIN,
     },
     System {
+        name: "sluice-chain-quiet",
+        about: "`sluice-chain` with its access log off",
+        kind: Kind::SluiceObserved("tests/bench/sluice/chain.yaml.tmpl", PER_REQUEST, Observe::Quiet),
+        work: CHAIN,
+    },
+    System {
         name: "sluice-jwt",
         about: "Sluice with the auth plugin alone, checking an RS256 JWT (verified by the gateway, natively), \
                 a fresh instance per request",
@@ -210,14 +223,8 @@ pub const SYSTEMS: &[System] = &[
         work: JWT_AUTH,
     },
     System {
-        name: "sluice-decorate-reused-logged",
-        about: "`sluice-decorate-reused` with its access log on (JSON, as `sluice run` writes by default)",
-        kind: Kind::SluiceObserved("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_REUSED, Observe::AccessLog),
-        work: DECORATES,
-    },
-    System {
         name: "sluice-decorate-reused-traced",
-        about: "`sluice-decorate-reused-logged` with every request traced (100% sampled) to an OpenTelemetry \
+        about: "`sluice-decorate-reused` with every request traced (100% sampled) to an OpenTelemetry \
                 Collector over OTLP/gRPC",
         kind: Kind::SluiceObserved("tests/bench/sluice/decorate.yaml.tmpl", DECORATE_REUSED, Observe::Traced),
         work: DECORATES,
@@ -263,13 +270,13 @@ pub const SYSTEMS: &[System] = &[
     },
 ];
 
-/// What a Sluice system reports besides its metrics (always on, as Envoy's
-/// stats are).
+/// How a Sluice system's telemetry differs from what `sluice run` ships
+/// (metrics always on, as Envoy's stats are; the JSON access log on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Observe {
-    /// Its JSON access log, one line per request (on by default in
-    /// `sluice run`; off in the other Sluice systems, as nginx's is).
-    AccessLog,
+    /// The access log off (`--access-log=false`), as nginx's is here and
+    /// Envoy has none: what the log costs is the difference.
+    Quiet,
     /// The access log, and a trace of every request sent over OTLP/gRPC to
     /// an OpenTelemetry Collector on loopback (the one the tests build).
     Traced,
@@ -384,22 +391,21 @@ impl System {
                     .arg(&tools.sluice_cache)
                     .env("RUST_LOG", "warn");
                 let mut beside = None;
+                // What `sluice run` writes to a file or a pod log; named,
+                // so that a terminal running the bench changes nothing.
+                cmd.args(["--log-format", "json"]);
                 match self.kind {
-                    // Measure the proxy, not per-request logging (nginx's
-                    // access_log is off too, and Envoy has none here).
-                    Kind::SluiceObserved(_, _, Observe::AccessLog) => {
-                        cmd.args(["--log-format", "json"]);
+                    Kind::SluiceObserved(_, _, Observe::Quiet) => {
+                        cmd.arg("--access-log=false");
                     }
                     Kind::SluiceObserved(_, _, Observe::Traced) => {
                         let (collector, endpoint) = start_collector(dir)?;
                         beside = Some(collector);
-                        cmd.args(["--log-format", "json", "--otlp-protocol", "grpc", "--trace-sample-ratio", "1"])
+                        cmd.args(["--otlp-protocol", "grpc", "--trace-sample-ratio", "1"])
                             .arg("--otlp-endpoint")
                             .arg(endpoint);
                     }
-                    _ => {
-                        cmd.arg("--access-log=false");
-                    }
+                    _ => {}
                 }
                 let mut running = Running::spawn(self.name, cmd, &dir.join("sluice.log"))?;
                 process::wait_for_ready(admin, &mut [&mut running], READY_TIMEOUT)?;
