@@ -103,6 +103,7 @@ pub use crate::runtime::vm::imports::Imports;
 pub use crate::runtime::vm::instance::{
     GcHeapAllocationIndex, Instance, InstanceAllocationRequest, InstanceAllocator, InstanceHandle,
     MemoryAllocationIndex, OnDemandInstanceAllocator, TableAllocationIndex,
+    CoreCheckpoint,
 };
 #[cfg(feature = "pooling-allocator")]
 pub use crate::runtime::vm::instance::{

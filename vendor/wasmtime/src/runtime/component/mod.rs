@@ -112,6 +112,7 @@ mod linker;
 mod matching;
 mod resource_table;
 mod resources;
+mod restore;
 mod storage;
 pub(crate) mod store;
 pub mod types;
@@ -133,6 +134,7 @@ pub use self::instance::{Instance, InstancePre};
 pub use self::linker::{Linker, LinkerInstance};
 pub use self::resource_table::{ResourceTable, ResourceTableError};
 pub use self::resources::{Resource, ResourceAny, ResourceDynamic};
+pub use self::restore::Checkpoint;
 pub use self::types::{ResourceType, Type};
 pub use self::values::Val;
 

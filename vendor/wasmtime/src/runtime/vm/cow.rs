@@ -742,6 +742,17 @@ impl MemoryImageSlot {
         self.image.is_some()
     }
 
+    /// Sluice patch: the image this slot was instantiated with.
+    pub(crate) fn image(&self) -> Option<&Arc<MemoryImage>> {
+        self.image.as_ref()
+    }
+
+    /// Sluice patch: after an in-place reset failed part way, the slot's
+    /// state is unknown; dirty, its deallocation resets it in full.
+    pub(crate) fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
     #[allow(dead_code, reason = "only used in some cfgs")]
     pub(crate) fn is_dirty(&self) -> bool {
         self.dirty

@@ -43,6 +43,8 @@ use wasmtime_wmemcheck::Wmemcheck;
 
 mod allocator;
 pub use allocator::*;
+mod restore;
+pub use restore::CoreCheckpoint;
 
 /// A type that roughly corresponds to a WebAssembly instance, but is also used
 /// for host-defined objects.

@@ -388,6 +388,19 @@ impl Memory {
     /// Returns whether or not this memory needs initialization. It
     /// may not if it already has initial content thanks to a CoW
     /// mechanism.
+    /// Sluice patch: see [`LocalMemory::reset_in_place`]; false for a shared
+    /// memory.
+    #[cfg(has_virtual_memory)]
+    pub(crate) fn reset_in_place(
+        &mut self,
+        reset: impl FnOnce(&mut MemoryImageSlot, &wasmtime_environ::Memory) -> Result<usize>,
+    ) -> Result<bool> {
+        match self {
+            Memory::Local(mem) => mem.reset_in_place(reset),
+            Memory::Shared(_) => Ok(false),
+        }
+    }
+
     pub(crate) fn needs_init(&self) -> bool {
         match self {
             Memory::Local(mem) => mem.needs_init(),
@@ -733,6 +746,27 @@ impl LocalMemory {
 
     pub fn byte_size(&self) -> usize {
         self.alloc.byte_size()
+    }
+
+    /// Sluice patch: returns this memory to its initial size and the
+    /// contents of its copy-on-write image, in place. `reset` resets the slot
+    /// (the pooling allocator does it as it does on a slot's reuse) and
+    /// returns the initial size. False, and nothing changed, if the memory
+    /// has no image to return to.
+    #[cfg(has_virtual_memory)]
+    pub(crate) fn reset_in_place(
+        &mut self,
+        reset: impl FnOnce(&mut MemoryImageSlot, &wasmtime_environ::Memory) -> Result<usize>,
+    ) -> Result<bool> {
+        let Some(slot) = self.memory_image.as_mut() else {
+            return Ok(false);
+        };
+        if !slot.has_image() {
+            return Ok(false);
+        }
+        let initial = reset(slot, &self.ty)?;
+        self.alloc.set_byte_size(initial);
+        Ok(true)
     }
 
     pub fn needs_init(&self) -> bool {

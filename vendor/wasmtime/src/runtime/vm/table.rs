@@ -52,6 +52,9 @@ impl TableElementType {
 #[repr(transparent)]
 struct MaybeTaggedFuncRef(Option<VmPtr<VMFuncRef>>);
 
+/// Sluice patch: a funcref table's elements as they were.
+pub struct SavedFuncrefs(Vec<MaybeTaggedFuncRef>);
+
 impl MaybeTaggedFuncRef {
     /// Converts the given `ptr`, a valid funcref pointer, into a tagged pointer
     /// by adding in the `FUNCREF_INIT_BIT`.
@@ -919,6 +922,57 @@ impl Table {
                 &mut data.as_non_null().as_mut()[..*size]
             },
             _ => unreachable!(),
+        }
+    }
+
+    /// Sluice patch: a copy of a funcref table's elements, lazily
+    /// initialised ones as they are, for [`Table::restore_funcrefs`]. `None`
+    /// for other tables.
+    pub(crate) fn save_funcrefs(&self) -> Option<SavedFuncrefs> {
+        if self.element_type() != TableElementType::Func {
+            return None;
+        }
+        let (funcrefs, _lazy_init) = self.funcrefs();
+        let mut saved = Vec::new();
+        saved.try_reserve_exact(funcrefs.len()).ok()?;
+        saved.extend_from_slice(funcrefs);
+        Some(SavedFuncrefs(saved))
+    }
+
+    /// Sluice patch: returns this table to the size and elements `saved`
+    /// from it. False, and nothing changed, if it cannot hold them.
+    pub(crate) fn restore_funcrefs(&mut self, saved: &SavedFuncrefs) -> bool {
+        if self.element_type() != TableElementType::Func {
+            return false;
+        }
+        let len = saved.0.len();
+        match self {
+            Table::Static(StaticTable::Func(table)) => {
+                // SAFETY: `data` is this table's whole slot; elements past
+                // `len` are nulled so nothing of the old ones lingers there.
+                let data = unsafe { &mut *table.data.as_ptr() };
+                let Some((head, tail)) = data.split_at_mut_checked(len) else {
+                    return false;
+                };
+                let head: &mut [MaybeTaggedFuncRef] =
+                    unsafe { slice::from_raw_parts_mut(head.as_mut_ptr().cast(), len) };
+                head.copy_from_slice(&saved.0);
+                let grown = table.size.saturating_sub(len).min(tail.len());
+                tail[..grown].fill(None);
+                table.size = len;
+                true
+            }
+            Table::Dynamic(DynamicTable::Func(table)) => {
+                if table.elements.len() < len {
+                    return false;
+                }
+                table.elements.truncate(len);
+                let elements: &mut [MaybeTaggedFuncRef] =
+                    unsafe { slice::from_raw_parts_mut(table.elements.as_mut_ptr().cast(), len) };
+                elements.copy_from_slice(&saved.0);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -170,6 +170,17 @@ impl HandleTable {
             .all(|slot| matches!(slot, Slot::Free { .. }))
     }
 
+    /// Sluice patch: if no handle is live, forgets the order its slots were
+    /// freed in, so the next handles are numbered as in a new table.
+    pub fn reset_if_empty(&mut self) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        self.slots.clear();
+        self.next = 0;
+        true
+    }
+
     fn insert(&mut self, counter: &mut HandleCounter, slot: Slot) -> Result<u32> {
         let next = self.next;
 

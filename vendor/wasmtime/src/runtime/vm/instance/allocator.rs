@@ -206,6 +206,20 @@ pub unsafe trait InstanceAllocator: Send + Sync {
         memory: Memory,
     );
 
+    /// Sluice patch: returns `memory` to its initial size and the contents of
+    /// its image in place, as deallocating it and allocating it again for the
+    /// same module would, without leaving its instance. False, and nothing
+    /// changed, if this allocator cannot. On an error the memory's contents
+    /// are unknown: its instance must be dropped.
+    fn reset_memory_in_place(
+        &self,
+        memory: &mut Memory,
+        tunables: &wasmtime_environ::Tunables,
+    ) -> Result<bool> {
+        let _ = (memory, tunables);
+        Ok(false)
+    }
+
     /// Allocate a table for an instance.
     ///
     /// Returns `Err(OutOfMemory)` if boxing the future fails. The inner

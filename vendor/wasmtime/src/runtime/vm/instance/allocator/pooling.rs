@@ -721,6 +721,33 @@ unsafe impl InstanceAllocator for PoolingInstanceAllocator {
         }
     }
 
+    #[cfg(has_virtual_memory)]
+    fn reset_memory_in_place(&self, memory: &mut Memory, tunables: &Tunables) -> Result<bool> {
+        let memory_tunables =
+            wasmtime_environ::MemoryTunables::new(tunables, MemoryKind::LinearMemory);
+        memory.reset_in_place(|slot, ty| {
+            let initial = usize::try_from(ty.minimum_byte_size()?)?;
+            let image = slot.image().cloned();
+            // What `deallocate_memory` does, but the pages past what is kept
+            // resident are decommitted now: the slot is used again at once.
+            let mut queue = DecommitQueue::default();
+            let reset = slot.clear_and_remain_ready(
+                self.pagemap.as_ref(),
+                self.memories.keep_resident,
+                // SAFETY: no wasm runs in this memory while it is reset, and
+                // the queue is flushed below, before it does again.
+                |ptr, len| unsafe { queue.push_raw(ptr, len) },
+            );
+            let reset = reset
+                .and_then(|_| queue.decommit_all_raw().map_err(Into::into))
+                .and_then(|()| slot.instantiate(initial, image.as_ref(), ty, &memory_tunables));
+            if reset.is_err() {
+                slot.mark_dirty();
+            }
+            reset.map(|()| initial)
+        })
+    }
+
     fn allocate_table<'a, 'b: 'a, 'c: 'a>(
         &'a self,
         request: &'a mut InstanceAllocationRequest<'b, 'c>,

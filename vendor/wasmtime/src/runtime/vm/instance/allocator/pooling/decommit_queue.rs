@@ -147,7 +147,7 @@ impl DecommitQueue {
     }
 
     /// Returns if any decommit call failed.
-    fn decommit_all_raw(&mut self) -> io::Result<()> {
+    pub(super) fn decommit_all_raw(&mut self) -> io::Result<()> {
         let iov: &[IoVec] = self.raw.as_slice();
         // SAFETY: `IoVec` is `repr(transparent)` over `iovec` so it should be
         // safe to reinterpret the slice as the same type.
