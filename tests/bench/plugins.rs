@@ -1,16 +1,23 @@
 //! What each first-party plugin costs per request, with the config from its
-//! `plugins/<name>/example.yaml`: a fresh instance (from its snapshot taken
-//! after `configure`), its drop (the pool slot reset for the next one), and
-//! one `request-filter` call on a chat request, and a whole request with each
-//! isolation (`PerRequest`: fresh instance, call, drop; `Reused`: an idle
-//! instance, call), median and 99th percentile. Prints a
-//! table, with what the plugin did with the request (some examples answer
-//! it directly, e.g. auth without a credential), and the RSS one more loaded
-//! plugin version adds (compiled code, snapshot, an instance at work).
+//! `plugins/<name>/example.yaml`, median and 99th percentile:
+//!
+//! - a new instance (from its snapshot taken after `configure`) and its drop
+//!   (the pool slot reset for the next one), with restoring turned off;
+//! - restoring a used instance in place after a request, as `PerRequest`
+//!   does by default (`RuntimeConfig::restore_instances`);
+//! - one `request-filter` call on a chat request;
+//! - a whole request with each isolation: `PerRequest` (an idle restored
+//!   instance, the call, the restore), `PerRequest` with new instances (new
+//!   instance, call, drop), `Reused` (an idle instance, the call).
+//!
+//! Prints a table, with what the plugin did with the request (some examples
+//! answer it directly, e.g. auth without a credential), and the RSS one more
+//! loaded plugin version adds (compiled code, snapshot, an instance at work).
 //!
 //! Run: `cargo bench -p sluice-tests --bench plugins` (after `cargo xtask plugins`).
-//! `SLUICE_BENCH_PLUGINS=context-trim,auth` measures only those, and
-//! `SLUICE_BENCH_SECONDS=10` each figure for longer (to profile one).
+//! `SLUICE_BENCH_PLUGINS=context-trim,auth` measures only those,
+//! `SLUICE_BENCH_SECONDS=10` each figure for longer (to profile one), and
+//! `SLUICE_BENCH_KEEP_RESIDENT=bytes` sets `RuntimeConfig::keep_resident_bytes`.
 
 // Calls that need `unsafe`, each block with a SAFETY: comment saying why
 // it is sound (clippy::undocumented_unsafe_blocks checks there is one).
@@ -43,12 +50,17 @@ fn selected() -> Vec<&'static str> {
 fn main() {
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     println!(
-        "| plugin | size | fresh instance (from its snapshot) | its drop (pool slot reset) | request-filter call | per request, PerRequest | per request, Reused | RSS added | outcome |"
+        "| plugin | size | new instance (from its snapshot) | its drop (pool slot reset) | restore in place (after a request) | request-filter call | a request, `PerRequest` | a request, `PerRequest` with new instances | a request, `Reused` | RSS added | outcome |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     tokio.block_on(async {
         sluice_runtime::tokens::warm_up();
-        let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+        let keep_resident = std::env::var("SLUICE_BENCH_KEEP_RESIDENT").ok().and_then(|bytes| bytes.parse().ok());
+        let defaults = RuntimeConfig::default();
+        let defaults =
+            RuntimeConfig { keep_resident_bytes: keep_resident.unwrap_or(defaults.keep_resident_bytes), ..defaults };
+        let runtime = Runtime::new(defaults.clone()).unwrap();
+        let new_instances = Runtime::new(RuntimeConfig { restore_instances: false, ..defaults }).unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 64 << 20 };
         // What the runtime sets up once, for its first plugin (compile and
@@ -71,7 +83,6 @@ fn main() {
             // Measured from its snapshot, as it serves.
             plugin.snapshotted().await;
             let request = request();
-            let (instantiate, reset) = fresh_instances(&plugin).await;
             let mut instance = plugin.instance().await.unwrap();
             let outcome = match instance.request_filter(&mut request.clone()).await.unwrap() {
                 RequestAction::Continue => "continue".to_string(),
@@ -82,10 +93,25 @@ fn main() {
             // snapshot and an instance at work.
             let rss_added = rss_bytes().saturating_sub(rss_before);
             drop(instance);
-            // All that isolation costs, as a request pays it: a fresh
-            // instance, its first call (its pages faulted in) and its drop.
+            // All that isolation costs, as a request pays it: an instance,
+            // the call and the restore after it.
             let per_request = median_of(async || {
                 let mut instance = plugin.instance().await.unwrap();
+                drop(instance.request_filter(&mut request.clone()).await.unwrap());
+            })
+            .await;
+            let restore = restores(&plugin, &request).await;
+
+            // The same plugin on a runtime that makes a new instance per
+            // request: the instance, its first call (its pages faulted in)
+            // and its drop.
+            let fresh =
+                new_instances.load(std::fs::read(root.join(format!("plugins/dist/{name}.wasm"))).unwrap(), None);
+            let fresh = fresh.await.unwrap().configure(name, &config, limits, Isolation::PerRequest).await.unwrap();
+            fresh.snapshotted().await;
+            let (instantiate, reset) = fresh_instances(&fresh).await;
+            let per_request_fresh = median_of(async || {
+                let mut instance = fresh.instance().await.unwrap();
                 drop(instance.request_filter(&mut request.clone()).await.unwrap());
             })
             .await;
@@ -96,12 +122,14 @@ fn main() {
             })
             .await;
             println!(
-                "| {name} | {:.0} KiB | {} | {} | {} | {} | {} | {:.1} MiB | {outcome} |",
+                "| {name} | {:.0} KiB | {} | {} | {} | {} | {} | {} | {} | {:.1} MiB | {outcome} |",
                 size as f64 / 1024.0,
                 us(instantiate),
                 us(reset),
+                us(restore),
                 us(call),
                 us(per_request),
+                us(per_request_fresh),
                 us(per_request_reused),
                 rss_added as f64 / (1024.0 * 1024.0),
             );
@@ -162,6 +190,21 @@ async fn fresh_instances(plugin: &ConfiguredPlugin) -> ((Duration, Duration), (D
         dropped.push(ready.elapsed());
     }
     (percentiles(made), percentiles(dropped))
+}
+
+/// Requests served by `plugin` for [`measure_for`]: the median and 99th
+/// percentile of restoring its instance after each (the instance's drop).
+async fn restores(plugin: &ConfiguredPlugin, request: &PluginRequest) -> (Duration, Duration) {
+    let (mut restored, measure_for) = (Vec::new(), measure_for());
+    let start = Instant::now();
+    while start.elapsed() < measure_for {
+        let mut instance = plugin.instance().await.unwrap();
+        drop(instance.request_filter(&mut request.clone()).await.unwrap());
+        let one = Instant::now();
+        drop(instance);
+        restored.push(one.elapsed());
+    }
+    percentiles(restored)
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {

@@ -185,11 +185,31 @@ async fn reused_instances_carry_state_and_a_trap_discards_them() {
         reply.header("x-probe-served").expect("the probe's header").to_string()
     };
 
-    // Per request (the default): every request meets a fresh instance.
+    // Per request (the default): every request meets the instance as it was
+    // made. Once the snapshot is made, that is one instance restored after
+    // each request: one idle instance, and still nothing carried over.
     let (_dir, gateway) = gateway_with_probe(&echo, Plugin::new("probe", "probe").config(json!({}))).await;
     for _ in 0..3 {
         assert_eq!(served(&gateway, &[]).await, "1");
     }
+    let start_from = async || gateway.admin_config().await["plugins"][0]["instancesStartFrom"].clone();
+    sluice_tests::eventually("the snapshot", std::time::Duration::from_secs(30), async || {
+        (start_from().await == "snapshot").then_some(())
+    })
+    .await;
+    let idle = async || {
+        let metrics = gateway.client().get(&gateway.admin_url("/metrics")).await.text();
+        let line = metrics.lines().find(|l| l.starts_with("sluice_plugin_instances{") && l.contains(r#"state="idle""#));
+        line.and_then(|l| l.rsplit(' ').next()).map(str::to_string).unwrap_or_default()
+    };
+    for _ in 0..3 {
+        assert_eq!(served(&gateway, &[]).await, "1");
+        assert_eq!(idle().await, "1", "a restored instance waits for the next request");
+    }
+    // A trap discards the instance: it is never restored.
+    gateway.chat("gpt-test", &[("x-probe-trap", "1")]).await.assert_error(500, "plugin_failed");
+    assert_eq!(idle().await, "0");
+    assert_eq!(served(&gateway, &[]).await, "1");
     drop(gateway);
 
     // Reused: one instance serves requests one after another.

@@ -71,6 +71,21 @@ impl PluginState {
     }
 }
 
+impl PluginState {
+    /// The state of an instance just restored to how it was made, with
+    /// `memory_used` bytes of memory then: no WASI context (its random
+    /// generators would carry on from the last request), no resources, no
+    /// request.
+    pub fn rewind(&mut self, memory_used: usize) {
+        self.memory.rewind(memory_used);
+        self.wasi = None;
+        self.table = ResourceTable::new();
+        self.serving = None;
+        self.request_id = None;
+        self.ticked = false;
+    }
+}
+
 impl WasiView for PluginState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         let ctx = self.wasi.get_or_insert_with(|| {

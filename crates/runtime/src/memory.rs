@@ -245,6 +245,15 @@ impl MemoryLimiter {
         self.used
     }
 
+    /// Gives back what the instance's memories grew past `used`: they were
+    /// restored to the size they had then.
+    pub fn rewind(&mut self, used: usize) {
+        let grown = self.used.saturating_sub(used);
+        self.budget.release(&self.share, grown);
+        self.used -= grown;
+        self.refused = None;
+    }
+
     fn refuse(&mut self, refused: Refused) -> wasmtime::Result<bool> {
         self.refused = Some(refused);
         if self.budget.metered {

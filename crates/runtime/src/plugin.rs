@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use sluice_core::Isolation;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmtime::component::Linker;
+use wasmtime::component::{Checkpoint, Instance, Linker};
 use wasmtime::{Store, UpdateDeadline};
 
 use crate::bindings::{ChunkAction, Hooks, RequestAction, Response, ResponseAction, ResponseSummary};
@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub memory: Arc<GuestMemory>,
     pub tokens: TokenCounter,
     pub max_instances_per_plugin: usize,
+    /// `RuntimeConfig::restore_instances`.
+    pub restore_instances: bool,
     pub log_lines_per_second: u32,
     /// What the snapshots of configured plugins may hold together (see
     /// `snapshot.rs`); none are made if that is 0.
@@ -115,11 +117,12 @@ impl PluginModule {
         })?;
         let took = started.elapsed();
         plugin.hooks = hooks;
+        // Idle instances yield their memory to live ones.
+        let pool: Arc<dyn IdlePool> = plugin.idle.clone();
+        self.shared.memory.register_idle(Arc::downgrade(&pool));
         // A reusable instance is kept: the first request does not pay for it.
         if let Isolation::Reused { .. } = isolation {
             plugin.idle.push(live);
-            let pool: Arc<dyn IdlePool> = plugin.idle.clone();
-            self.shared.memory.register_idle(Arc::downgrade(&pool));
         }
         // A `Reused` plugin makes its snapshot once configuring new
         // instances has cost enough: it may never need many (one request at
@@ -251,7 +254,8 @@ pub struct ConfiguredPlugin {
     limits: Limits,
     hooks: Hooks,
     isolation: Isolation,
-    /// Idle instances of a `Reused` plugin.
+    /// Idle instances: a `Reused` plugin's as they were left, a `PerRequest`
+    /// one's restored to how they were made.
     idle: Arc<Idle>,
     /// One permit per instance serving a request.
     busy: Arc<Semaphore>,
@@ -270,6 +274,35 @@ pub struct ConfiguredPlugin {
 struct Live {
     store: Store<PluginState>,
     bindings: Plugin,
+    /// How to return it to the state it was made in, if it can be: made
+    /// from a snapshot whose instantiation runs no code.
+    restore: Option<Restore>,
+}
+
+struct Restore {
+    instance: Instance,
+    checkpoint: Checkpoint,
+    /// What its memories held when it was made.
+    memory_used: usize,
+}
+
+impl Live {
+    /// Returns the instance to the state it was made in, memory, globals,
+    /// tables and host state alike: a `PerRequest` instance's next request
+    /// sees nothing of this one, as if it had a new instance. False if it
+    /// cannot be (not made from a snapshot, or it holds a resource), and it
+    /// must be dropped.
+    fn restore(&mut self) -> bool {
+        let Some(restore) = &self.restore else {
+            return false;
+        };
+        if let Err(error) = restore.instance.restore(&mut self.store, &restore.checkpoint) {
+            tracing::debug!(plugin = &*self.store.data().plugin, %error, "a plugin instance could not be restored");
+            return false;
+        }
+        self.store.data_mut().rewind(restore.memory_used);
+        true
+    }
 }
 
 impl ConfiguredPlugin {
@@ -361,8 +394,8 @@ impl ConfiguredPlugin {
         }
     }
 
-    /// An instance for one request: a fresh one, or with `Reused`, an idle
-    /// one if there is any. [`PluginError::Overloaded`] at once if the
+    /// An instance for one request: an idle one if there is any (with
+    /// `PerRequest`, one restored to how it was made), or a new one. [`PluginError::Overloaded`] at once if the
     /// plugin already has its most instances at work, or none can be made
     /// (pool or memory budget used up).
     pub async fn instance(&self) -> Result<PluginInstance, PluginError> {
@@ -372,10 +405,12 @@ impl ConfiguredPlugin {
                 self.module.shared.max_instances_per_plugin
             ))
         })?;
-        let home = match self.isolation {
-            Isolation::PerRequest => None,
-            Isolation::Reused { max_idle } => Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize }),
+        let max_idle = match self.isolation {
+            Isolation::PerRequest => Isolation::DEFAULT_MAX_IDLE,
+            Isolation::Reused { max_idle } => max_idle,
         };
+        let restores = self.isolation == Isolation::PerRequest;
+        let home = Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize, restores });
         let reused = home.as_ref().and_then(|home| home.idle.pop());
         let live = match reused {
             Some(live) => live,
@@ -387,7 +422,7 @@ impl ConfiguredPlugin {
     /// A fresh, configured instance in a store of its own: from the
     /// snapshot if there is one, or configured now.
     async fn instantiate_live(&self) -> Result<Live, PluginError> {
-        let Some(pre) = self.snapshot.get().and_then(|snapshot| snapshot.ready()) else {
+        let Some(ready) = self.snapshot.get().and_then(|snapshot| snapshot.ready()) else {
             let started = Instant::now();
             let live = self.configure_live().await?.0;
             self.configured(started.elapsed());
@@ -396,9 +431,17 @@ impl ConfiguredPlugin {
         let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
-        let bindings =
-            within(deadline, pre.instantiate_async(&mut store)).await.map_err(|e| classify(&store, e, timeout))?;
-        Ok(Live { store, bindings })
+        let (instance, bindings) = within(deadline, ready.pre.instantiate_with_instance(&mut store))
+            .await
+            .map_err(|e| classify(&store, e, timeout))?;
+        // A `PerRequest` instance is restored after each request, then
+        // serves the next: a few µs, against making a new one.
+        let restorable = ready.restorable && self.module.shared.restore_instances;
+        let restore = (self.isolation == Isolation::PerRequest && restorable)
+            .then(|| instance.checkpoint(&mut store))
+            .flatten()
+            .map(|checkpoint| Restore { instance, checkpoint, memory_used: store.data().memory.used() });
+        Ok(Live { store, bindings, restore })
     }
 
     /// A fresh instance of the module, which `configure` has set up.
@@ -413,14 +456,16 @@ impl ConfiguredPlugin {
         };
         let (bindings, hooks) = within(deadline, start).await.map_err(|e| classify(&store, e, timeout))?;
         let hooks = hooks.map_err(PluginError::ConfigRejected)?;
-        Ok((Live { store, bindings }, hooks))
+        Ok((Live { store, bindings, restore: None }, hooks))
     }
 }
 
-/// Where a `Reused` instance returns after its request.
+/// Where an instance returns after its request.
 struct Home {
     idle: Arc<Idle>,
     max_idle: usize,
+    /// Whether it is restored first (`PerRequest`), or kept as it is.
+    restores: bool,
 }
 
 /// The idle instances of a `Reused` plugin, each with when it went idle,
@@ -541,7 +586,11 @@ impl Drop for PluginInstance {
         if self.tainted {
             return;
         }
-        if let (Some(home), Some(live)) = (&self.home, self.live.take()) {
+        if let (Some(home), Some(mut live)) = (&self.home, self.live.take()) {
+            // `PerRequest`: only an instance returned to how it was made.
+            if home.restores && !live.restore() {
+                return;
+            }
             let mut idle = home.idle.instances.lock();
             if idle.len() < home.max_idle {
                 idle.push((Instant::now(), live));

@@ -69,6 +69,13 @@ pub struct RuntimeConfig {
     /// saves, and this is ignored. It costs up to twice this much resident
     /// memory per idle slot (wasmtime keeps up to 100 warm); 0 turns it off.
     pub keep_resident_bytes: usize,
+    /// Whether a `PerRequest` instance made from a snapshot is restored to
+    /// how it was made after its request, and serves the next, rather than
+    /// dropped for a new one: the same isolation for a third of the cost
+    /// (`wasmtime::component::Instance::restore`, a patch Sluice carries:
+    /// `vendor/wasmtime/SLUICE.md`). False makes a new instance for every
+    /// request, as before the patch.
+    pub restore_instances: bool,
     /// How long a new `PerRequest` plugin version serves, its instances
     /// configured one by one, before its snapshot is made. Versions replaced
     /// within it (a burst of config changes) never cost the snapshot's
@@ -101,6 +108,7 @@ impl Default for RuntimeConfig {
             // A fresh Rust plugin instance touches about this much at the low
             // addresses of its memory: keeping it halves a request's cost.
             keep_resident_bytes: 64 << 10,
+            restore_instances: true,
             // Under 100 swaps in 20 s on 2 cores, snapshots made at once took
             // p99 latency from 1.0 to 1.6–2.3× steady; with none made, 0.9–1.2×.
             snapshot_settle: Duration::from_secs(1),
@@ -175,6 +183,7 @@ impl Runtime {
             ),
             tokens: TokenCounter::new(config.token_counting_threads),
             max_instances_per_plugin: config.max_instances_per_plugin.max(1) as usize,
+            restore_instances: config.restore_instances,
             log_lines_per_second: config.plugin_log_lines_per_second,
             snapshot_bytes: Arc::new(crate::snapshot::Budget::new(config.max_snapshot_bytes)),
             snapshot_turn: tokio::sync::Semaphore::new(1),

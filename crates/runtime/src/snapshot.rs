@@ -84,7 +84,7 @@ enum State {
     Making,
     /// Holds its size in the budget until the last plugin using it is gone.
     Ready {
-        pre: PluginPre,
+        ready: Ready,
         _reserved: Reserved,
     },
     /// Instances are configured one by one.
@@ -93,9 +93,9 @@ enum State {
 
 impl Snapshot {
     /// What to instantiate, once the snapshot is made.
-    pub fn ready(&self) -> Option<PluginPre> {
+    pub fn ready(&self) -> Option<Ready> {
         match &*self.state.borrow() {
-            State::Ready { pre, .. } => Some(pre.clone()),
+            State::Ready { ready, .. } => Some(ready.clone()),
             State::Making | State::Unavailable => None,
         }
     }
@@ -165,7 +165,7 @@ pub(crate) fn start<M: Source>(
             Err(panic) => Err(format!("the snapshot tool panicked: {panic}")),
         };
         let state = match outcome {
-            Ok((pre, reserved)) => {
+            Ok((ready, reserved)) => {
                 let (ms, kib) = (started.elapsed().as_millis() as u64, reserved.bytes >> 10);
                 tracing::debug!(
                     plugin = &*plugin,
@@ -173,7 +173,7 @@ pub(crate) fn start<M: Source>(
                     kib,
                     "plugin instances start from a snapshot taken after configure"
                 );
-                State::Ready { pre, _reserved: reserved }
+                State::Ready { ready, _reserved: reserved }
             }
             Err(_) if made.is_closed() => return,
             // The reason never quotes the config, which may hold Secrets.
@@ -198,7 +198,7 @@ async fn make<M: Source>(
     hooks: Hooks,
     log_rate: Arc<RateLimit>,
     abandoned: impl Fn() -> bool,
-) -> Result<(PluginPre, Reserved), String> {
+) -> Result<(Ready, Reserved), String> {
     let unless_abandoned = || if abandoned() { Err("abandoned".to_string()) } else { Ok(()) };
     unless_abandoned()?;
     let engine = module.engine();
@@ -278,7 +278,26 @@ async fn make<M: Source>(
     if let Err(e) = pre.instantiate_async(&mut store).await {
         return Err(format!("starting the snapshot: {}", classify(&store, e, timeout)));
     }
-    Ok((pre, reserved))
+    Ok((Ready { pre, restorable: starts_nothing(&snapshot) }, reserved))
+}
+
+/// A made snapshot, ready to instantiate.
+#[derive(Clone)]
+pub(crate) struct Ready {
+    pub pre: PluginPre,
+    /// Whether its instances can be restored to the state they were made in
+    /// (`wasmtime::component::Instance::restore`), which returns each core
+    /// instance to its module's image: true unless instantiating runs code.
+    pub restorable: bool,
+}
+
+/// Whether instantiating `component` runs none of its code: no core module
+/// in it has a `start` function. (Wizer leaves none in a snapshot of Rust
+/// or C; a malformed section counts as one.)
+fn starts_nothing(component: &[u8]) -> bool {
+    wasmparser::Parser::new(0)
+        .parse_all(component)
+        .all(|payload| matches!(payload, Ok(payload) if !matches!(payload, wasmparser::Payload::StartSection { .. })))
 }
 
 /// What all snapshots hold together, against a maximum.

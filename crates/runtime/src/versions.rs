@@ -3,7 +3,7 @@
 //! here, and nowhere else.
 
 use wasmtime::Store;
-use wasmtime::component::{Component, Instance, Linker, Resource};
+use wasmtime::component::{Component, Instance, InstancePre, Linker, Resource};
 
 use crate::bindings::{
     ChunkAction, DirectResponse, Hooks, RequestAction, Response, ResponseAction, ResponseEdits, ResponseSummary, v2, v3,
@@ -39,33 +39,53 @@ pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Resul
     crate::borrowed::add_to_linker(linker)
 }
 
-/// A component ready to instantiate, in its version.
+/// A component ready to instantiate, in its version, with where its
+/// exports are (found once, not per instance).
 #[derive(Clone)]
 pub(crate) enum PluginPre {
-    V2(v2::PluginPre<PluginState>),
-    V3(v3::PluginPre<PluginState>),
+    V2(InstancePre<PluginState>, v2::PluginIndices),
+    V3(InstancePre<PluginState>, v3::PluginIndices),
 }
 
 impl PluginPre {
     pub fn new(linker: &Linker<PluginState>, component: &Component) -> wasmtime::Result<PluginPre> {
         let pre = linker.instantiate_pre(component)?;
         Ok(match Version::of(component) {
-            Version::V2 => PluginPre::V2(v2::PluginPre::new(pre)?),
-            Version::V3 => PluginPre::V3(v3::PluginPre::new(pre)?),
+            Version::V2 => {
+                let indices = v2::PluginIndices::new(&pre)?;
+                PluginPre::V2(pre, indices)
+            }
+            Version::V3 => {
+                let indices = v3::PluginIndices::new(&pre)?;
+                PluginPre::V3(pre, indices)
+            }
         })
     }
 
     pub async fn instantiate_async(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Plugin> {
+        Ok(self.instantiate_with_instance(store).await?.1)
+    }
+
+    /// A new instance, and its exports.
+    pub async fn instantiate_with_instance(
+        &self,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<(Instance, Plugin)> {
         Ok(match self {
-            PluginPre::V2(pre) => Plugin::V2(pre.instantiate_async(store).await?),
-            PluginPre::V3(pre) => Plugin::V3(pre.instantiate_async(store).await?),
+            PluginPre::V2(pre, indices) => {
+                let instance = pre.instantiate_async(&mut *store).await?;
+                (instance, Plugin::V2(indices.load(store, &instance)?))
+            }
+            PluginPre::V3(pre, indices) => {
+                let instance = pre.instantiate_async(&mut *store).await?;
+                (instance, Plugin::V3(indices.load(store, &instance)?))
+            }
         })
     }
 
     pub fn engine(&self) -> &wasmtime::Engine {
         match self {
-            PluginPre::V2(pre) => pre.engine(),
-            PluginPre::V3(pre) => pre.engine(),
+            PluginPre::V2(pre, _) | PluginPre::V3(pre, _) => pre.engine(),
         }
     }
 }

@@ -148,6 +148,11 @@ pub struct RunArgs {
     /// the next one (Linux 6.7+ only). 0 turns it off.
     #[arg(long, default_value_t = RuntimeConfig::default().keep_resident_bytes)]
     pub plugin_keep_resident_bytes: usize,
+    /// Restore a `PerRequest` plugin instance to how it was made after each
+    /// request, for the next one, instead of making a new instance per
+    /// request (the same isolation, cheaper). `false` makes new ones.
+    #[arg(long, default_value_t = RuntimeConfig::default().restore_instances, action = clap::ArgAction::Set)]
+    pub plugin_restore_instances: bool,
     /// Loading one plugin (pull, compile, configure) may take this long;
     /// past it, it is reported and retried, and the rest of the config is
     /// applied without it.
@@ -420,6 +425,7 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         plugin_log_lines_per_second: args.plugin_log_lines_per_second,
         max_snapshot_bytes: args.max_snapshot_bytes,
         keep_resident_bytes: args.plugin_keep_resident_bytes,
+        restore_instances: args.plugin_restore_instances,
         snapshot_settle: Duration::from_millis(args.plugin_snapshot_settle_ms),
         snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
         guest_memory_namespace_percent: args.memory.max_guest_memory_namespace_percent,

@@ -121,6 +121,8 @@ async fn state_one_request_writes_does_not_reach_the_next() {
     for _ in 0..3 {
         let answer = serve(&per_request, &chat(&[], "hi")).await;
         assert!(answer.contains(r#"("x-probe-served", "1")"#), "{answer}");
+        // One instance served them all, restored after each.
+        assert_eq!(per_request.instances(), (0, 1));
     }
     // The same probe, reused from the same snapshot, does count: the
     // check above would see state carried over.
@@ -296,6 +298,11 @@ async fn snapshots_share_one_budget() {
 /// `configure` answers `ok(request)` after `configure_body`, the hooks
 /// answer "no change".
 fn component(imports: &str, extra: &str, configure_body: &str) -> Vec<u8> {
+    component_with(imports, extra, configure_body, "")
+}
+
+/// [`component`], whose `request-filter` runs `request_body` first.
+fn component_with(imports: &str, extra: &str, configure_body: &str, request_body: &str) -> Vec<u8> {
     let wat = format!(
         r#"(module
             {imports}
@@ -318,7 +325,9 @@ fn component(imports: &str, extra: &str, configure_body: &str) -> Vec<u8> {
                 (i32.const 16))
             ;; Zeroes at 64: `continue` with no edits, `pass`, `none`.
             (func (export "sluice:plugin/filter@0.2.0#request-filter")
-                (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32) (i32.const 64))
+                (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
+                {request_body}
+                (i32.const 64))
             (func (export "sluice:plugin/filter@0.2.0#response-filter")
                 (param i32 i32 i32) (result i32) (i32.const 64))
             (func (export "sluice:plugin/filter@0.2.0#response-chunk") (param i32 i32) (result i32) (i32.const 64))
@@ -376,4 +385,62 @@ async fn a_plugin_with_more_memory_than_a_snapshot_may_hold_is_configured_per_in
     let fits = configure_with(&runtime(true), grow(pages - 2), &json!({}), Isolation::PerRequest, limits).await;
     assert!(fits.unwrap().snapshotted().await);
     served_without_snapshot(grow(pages), limits).await;
+}
+
+/// A `PerRequest` instance is restored after each request, not made anew:
+/// its mutable globals (a counter, the bump allocator's pointer) and its
+/// memory, written and grown, are back as the snapshot had them; the plugin
+/// traps if it sees any of it left by an earlier request. (Wizer admits no
+/// instruction that changes a table or drops a data segment into a
+/// snapshot; `tests/instance_restore.rs` restores those too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_instance_keeps_nothing_of_the_last_request() {
+    let extra = r#"(global $count (mut i32) (i32.const 0))"#;
+    let check_then_leave_state = r#"
+        (if (i32.ne (global.get $count) (i32.const 0)) (then unreachable))
+        (if (i32.ne (i32.load8_u (i32.const 40000)) (i32.const 0)) (then unreachable))
+        (if (i32.ne (memory.size) (i32.const 1)) (then unreachable))
+        (global.set $count (i32.const 1))
+        (i32.store8 (i32.const 40000) (i32.const 1))
+        (drop (memory.grow (i32.const 1)))
+        (i32.store8 (i32.const 70000) (i32.const 1))
+"#;
+    let bytes = component_with("", extra, "", check_then_leave_state);
+
+    let runtime = runtime(true);
+    let plugin = configure(&runtime, bytes.clone(), &json!({}), Isolation::PerRequest).await.unwrap();
+    assert!(plugin.snapshotted().await);
+    let mut memory_after_first = None;
+    for request in 0..5 {
+        let answer = plugin.instance().await.unwrap().request_filter(&mut chat(&[], "hi")).await;
+        assert!(matches!(answer, Ok(RequestAction::Continue)), "request {request}: {answer:?}");
+        assert_eq!(plugin.instances(), (0, 1), "request {request} was served by a new instance");
+        // The grown page went back to the budget with the restore.
+        let used = plugin.module.shared.memory.used();
+        assert_eq!(*memory_after_first.get_or_insert(used), used, "request {request}");
+    }
+
+    // The control: an instance kept as it is sees the state and traps.
+    let reused = configure(&runtime, bytes, &json!({}), Isolation::Reused { max_idle: 1 }).await.unwrap();
+    let first = reused.instance().await.unwrap().request_filter(&mut chat(&[], "hi")).await;
+    assert!(matches!(first, Ok(RequestAction::Continue)), "{first:?}");
+    let second = reused.instance().await.unwrap().request_filter(&mut chat(&[], "hi")).await;
+    assert!(matches!(second, Err(PluginError::Trap(_))), "{second:?}");
+}
+
+/// Restoring returns memories to their images, which would undo what a
+/// core `start` function wrote while the instance was made: a snapshot
+/// whose instantiation runs code is not restored, nor one that does not
+/// parse.
+#[test]
+fn only_a_component_whose_instantiation_runs_no_code_is_restorable() {
+    let component = |start: &str| {
+        let wat = format!("(component (core module $m (func $s) {start}) (core instance (instantiate $m)))");
+        wat::parse_str(wat).unwrap()
+    };
+    assert!(super::starts_nothing(&component("")));
+    assert!(!super::starts_nothing(&component("(start $s)")));
+    let mut truncated = component("");
+    truncated.truncate(truncated.len() - 3);
+    assert!(!super::starts_nothing(&truncated));
 }
