@@ -557,6 +557,7 @@ const SLUICE_ONLY: &[(&str, &str)] = &[
     ("swaps", "Hot swaps under load"),
     ("starts", "Cold and warm start with 10 plugins"),
     ("streams", "1 vs 1,000 concurrent streams"),
+    ("stream_hooks", "A per-chunk hook on streams, 100 a second"),
 ];
 
 /// Runs the Sluice-only benches against the release binary (built by
