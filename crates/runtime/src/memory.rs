@@ -2,10 +2,12 @@
 //! together), one budget shared by every instance of the process, so that
 //! guests cannot take more memory than the container has, and each
 //! namespace's and plugin's share of that budget, so that one tenant cannot
-//! take it all. Idle instances of `Reused` plugins hold memory too: when a
-//! growth would pass a limit, idle instances under that limit are dropped,
-//! least recently used first, before the growth is refused, so memory held
-//! idle never turns a live request away.
+//! take it all. Idle instances (`Reused` ones, and `PerRequest` ones
+//! restored for their next request) hold memory too: when a growth would
+//! pass a limit, idle instances under that limit are dropped, least
+//! recently used first, before the growth is refused, so memory held idle
+//! never turns a live request away. They hold slots of the instance pool
+//! too, which they give up the same way (`evict_for_a_slot`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -31,8 +33,8 @@ pub(crate) struct PluginShare {
     namespace: Arc<Namespace>,
 }
 
-/// The idle instances of one `Reused` plugin, which give their memory back
-/// when a live instance needs it.
+/// The idle instances of one plugin, which give their memory (and pool
+/// slots) back when a live instance needs them.
 pub(crate) trait IdlePool: Send + Sync {
     /// When its least recently used idle instance went idle.
     fn oldest(&self) -> Option<Instant>;
@@ -142,8 +144,8 @@ impl GuestMemory {
         namespace
     }
 
-    /// Registers a `Reused` plugin's idle instances, to be evicted when
-    /// memory is short.
+    /// Registers a plugin's idle instances, to be evicted when memory or the
+    /// instance pool is short.
     pub fn register_idle(&self, pool: Weak<dyn IdlePool>) {
         let mut idle = self.idle.lock();
         idle.retain(|pool| pool.strong_count() > 0);
@@ -180,6 +182,12 @@ impl GuestMemory {
         if self.metered {
             share.namespace.gauge.inc_by(bytes);
         }
+    }
+
+    /// Drops the least recently used idle instance of any plugin, for its
+    /// slot of the instance pool; whether there was one.
+    pub fn evict_for_a_slot(&self, share: &Arc<PluginShare>) -> bool {
+        self.evict_one(Refused::Budget, share)
     }
 
     /// Drops the least recently used idle instance whose memory counts

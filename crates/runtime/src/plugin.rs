@@ -110,11 +110,12 @@ impl PluginModule {
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
         let started = Instant::now();
-        let (live, hooks) = plugin.configure_live().await.map_err(|error| match error {
-            // Capped below its own limit: by its share of the budget.
-            PluginError::MemoryLimit(share) if share < limits.max_memory_bytes => LoadError::OverShare(share),
-            error => LoadError::Plugin(error),
-        })?;
+        let (live, hooks) =
+            plugin.with_a_slot(async || plugin.configure_live().await).await.map_err(|error| match error {
+                // Capped below its own limit: by its share of the budget.
+                PluginError::MemoryLimit(share) if share < limits.max_memory_bytes => LoadError::OverShare(share),
+                error => LoadError::Plugin(error),
+            })?;
         let took = started.elapsed();
         plugin.hooks = hooks;
         // Idle instances yield their memory to live ones.
@@ -395,9 +396,10 @@ impl ConfiguredPlugin {
     }
 
     /// An instance for one request: an idle one if there is any (with
-    /// `PerRequest`, one restored to how it was made), or a new one. [`PluginError::Overloaded`] at once if the
-    /// plugin already has its most instances at work, or none can be made
-    /// (pool or memory budget used up).
+    /// `PerRequest`, one restored to how it was made), or a new one.
+    /// [`PluginError::Overloaded`] at once if the plugin already has its
+    /// most instances at work, or none can be made (pool or memory budget
+    /// used up, with no idle instance left to give way).
     pub async fn instance(&self) -> Result<PluginInstance, PluginError> {
         let permit = self.busy.clone().try_acquire_owned().map_err(|_| {
             PluginError::Overloaded(format!(
@@ -410,8 +412,8 @@ impl ConfiguredPlugin {
             Isolation::Reused { max_idle } => max_idle,
         };
         let restores = self.isolation == Isolation::PerRequest;
-        let home = Some(Home { idle: self.idle.clone(), max_idle: max_idle as usize, restores });
-        let reused = home.as_ref().and_then(|home| home.idle.pop());
+        let home = Home { idle: self.idle.clone(), max_idle: max_idle as usize, restores };
+        let reused = home.idle.pop();
         let live = match reused {
             Some(live) => live,
             None => self.instantiate_live().await?,
@@ -420,8 +422,26 @@ impl ConfiguredPlugin {
     }
 
     /// A fresh, configured instance in a store of its own: from the
-    /// snapshot if there is one, or configured now.
+    /// snapshot if there is one, or configured now. With the instance pool
+    /// full, an idle instance (any plugin's, least recently used) gives up
+    /// its slot, as idle memory yields to a live instance.
     async fn instantiate_live(&self) -> Result<Live, PluginError> {
+        self.with_a_slot(async || self.try_instantiate_live().await).await
+    }
+
+    /// What `make` makes, once the instance pool has a slot for it: while
+    /// it is full, idle instances give theirs up, least recently used first.
+    async fn with_a_slot<T>(&self, mut make: impl AsyncFnMut() -> Result<T, Made>) -> Result<T, PluginError> {
+        loop {
+            match make().await {
+                Err(Made::PoolFull(_)) if self.module.shared.memory.evict_for_a_slot(self.idle.share()) => {}
+                Err(made) => return Err(made.into_error()),
+                Ok(made) => return Ok(made),
+            }
+        }
+    }
+
+    async fn try_instantiate_live(&self) -> Result<Live, Made> {
         let Some(ready) = self.snapshot.get().and_then(|snapshot| snapshot.ready()) else {
             let started = Instant::now();
             let live = self.configure_live().await?.0;
@@ -433,7 +453,7 @@ impl ConfiguredPlugin {
         let deadline = arm(&mut store, timeout);
         let (instance, bindings) = within(deadline, ready.pre.instantiate_with_instance(&mut store))
             .await
-            .map_err(|e| classify(&store, e, timeout))?;
+            .map_err(|e| Made::from(&store, e, timeout))?;
         // A `PerRequest` instance is restored after each request, then
         // serves the next: a few µs, against making a new one.
         let restorable = ready.restorable && self.module.shared.restore_instances;
@@ -445,7 +465,7 @@ impl ConfiguredPlugin {
     }
 
     /// A fresh instance of the module, which `configure` has set up.
-    async fn configure_live(&self) -> Result<(Live, Hooks), PluginError> {
+    async fn configure_live(&self) -> Result<(Live, Hooks), Made> {
         let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
@@ -454,9 +474,29 @@ impl ConfiguredPlugin {
             let hooks = bindings.configure(&mut store, &self.config).await?;
             Ok((bindings, hooks))
         };
-        let (bindings, hooks) = within(deadline, start).await.map_err(|e| classify(&store, e, timeout))?;
-        let hooks = hooks.map_err(PluginError::ConfigRejected)?;
+        let (bindings, hooks) = within(deadline, start).await.map_err(|e| Made::from(&store, e, timeout))?;
+        let hooks = hooks.map_err(|why| Made::Failed(PluginError::ConfigRejected(why)))?;
         Ok((Live { store, bindings, restore: None }, hooks))
+    }
+}
+
+/// Why no instance was made: the instance pool is full, or anything else.
+enum Made {
+    PoolFull(PluginError),
+    Failed(PluginError),
+}
+
+impl Made {
+    fn from(store: &Store<PluginState>, error: wasmtime::Error, timeout: Duration) -> Made {
+        let pool_full = error.chain().any(|e| e.is::<wasmtime::PoolConcurrencyLimitError>());
+        let error = classify(store, error, timeout);
+        if pool_full { Made::PoolFull(error) } else { Made::Failed(error) }
+    }
+
+    fn into_error(self) -> PluginError {
+        match self {
+            Made::PoolFull(error) | Made::Failed(error) => error,
+        }
     }
 }
 
@@ -468,7 +508,7 @@ struct Home {
     restores: bool,
 }
 
-/// The idle instances of a `Reused` plugin, each with when it went idle,
+/// The idle instances of a plugin, each with when it went idle,
 /// most recently used last. Registered with the guest memory budget, which
 /// drops them, least recently used first, when a live instance needs their
 /// memory.
@@ -519,7 +559,7 @@ impl IdlePool for Idle {
 pub struct PluginInstance {
     live: Option<Live>,
     timeout: Duration,
-    home: Option<Home>,
+    home: Home,
     /// A call failed, or was abandoned midway (the request future was
     /// dropped): the guest's state is unknown, so it is never reused.
     tainted: bool,
@@ -586,7 +626,8 @@ impl Drop for PluginInstance {
         if self.tainted {
             return;
         }
-        if let (Some(home), Some(mut live)) = (&self.home, self.live.take()) {
+        if let Some(mut live) = self.live.take() {
+            let home = &self.home;
             // `PerRequest`: only an instance returned to how it was made.
             if home.restores && !live.restore() {
                 return;

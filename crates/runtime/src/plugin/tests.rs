@@ -149,3 +149,32 @@ async fn instances_share_one_memory_budget() {
     held.clear();
     plugin.instance().await.unwrap();
 }
+
+/// Idle instances hold slots of the instance pool: a plugin that needs a
+/// slot when the pool is full takes the least recently used idle one's,
+/// another plugin's included, as it takes idle memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_gives_its_pool_slot_to_a_busy_plugin() {
+    let at_once = RuntimeConfig {
+        max_instances: 2,
+        snapshot_settle: Duration::ZERO,
+        snapshot_configure_budget: Duration::ZERO,
+        ..Default::default()
+    };
+    let runtime = Runtime::new(at_once).unwrap();
+    let header = |value: &str| json!({"header": "x-team", "value": value});
+    let idle = configured(&runtime, "add-header", header("a"), 1000).await;
+    assert!(idle.snapshotted().await);
+    let busy = configured(&runtime, "add-header", header("b"), 1000).await;
+    assert!(busy.snapshotted().await);
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    idle.instance().await.unwrap().request_filter(&mut request(&[], body.into())).await.unwrap();
+    assert_eq!(idle.instances(), (0, 1), "restored and kept");
+
+    // Both slots for `busy`: the idle instance of the other plugin goes.
+    let first = busy.instance().await.unwrap();
+    let second = busy.instance().await;
+    assert!(second.is_ok(), "{:?}", second.err());
+    assert_eq!(idle.instances(), (0, 0));
+    drop(first);
+}
