@@ -140,3 +140,15 @@ fn an_instance_that_trapped_is_not_restored() {
     let error = instance.restore(&mut store, &checkpoint).unwrap_err();
     assert!(format!("{error}").contains("trapped"), "{error}");
 }
+
+/// Only the pooling allocator resets a memory in place: with the default
+/// (on-demand) allocator there is no checkpoint, rather than a restore
+/// that fails.
+#[test]
+fn without_the_pooling_allocator_there_is_no_checkpoint() {
+    let engine = Engine::default();
+    let component = Component::new(&engine, wat::parse_str(STATEFUL).unwrap()).unwrap();
+    let mut store = Store::new(&engine, ());
+    let instance = Linker::new(&engine).instantiate(&mut store, &component).unwrap();
+    assert!(instance.checkpoint(&mut store).is_none());
+}

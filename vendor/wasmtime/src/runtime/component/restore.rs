@@ -38,6 +38,14 @@ impl Instance {
     /// Panics if `store` does not own this instance.
     pub fn checkpoint(&self, mut store: impl AsContextMut) -> Option<Checkpoint> {
         let store = store.as_context_mut().0;
+        // Only the pooling allocator resets a memory in place.
+        #[cfg(feature = "pooling-allocator")]
+        let pooled = store.engine().allocator().as_pooling().is_some();
+        #[cfg(not(feature = "pooling-allocator"))]
+        let pooled = false;
+        if !pooled {
+            return None;
+        }
         let ids = self.core_instances(store);
         let mut cores = Vec::new();
         for id in ids {
