@@ -110,12 +110,17 @@ impl PluginModule {
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
         };
         let started = Instant::now();
-        let (live, hooks) =
-            plugin.with_a_slot(async || plugin.configure_live().await).await.map_err(|error| match error {
-                // Capped below its own limit: by its share of the budget.
-                PluginError::MemoryLimit(share) if share < limits.max_memory_bytes => LoadError::OverShare(share),
-                error => LoadError::Plugin(error),
-            })?;
+        let configured = loop {
+            match plugin.configure_live().await {
+                Err(Made::PoolFull(_)) if plugin.evict_for_a_slot() => {}
+                configured => break configured.map_err(Made::into_error),
+            }
+        };
+        let (live, hooks) = configured.map_err(|error| match error {
+            // Capped below its own limit: by its share of the budget.
+            PluginError::MemoryLimit(share) if share < limits.max_memory_bytes => LoadError::OverShare(share),
+            error => LoadError::Plugin(error),
+        })?;
         let took = started.elapsed();
         plugin.hooks = hooks;
         // Idle instances yield their memory to live ones.
@@ -426,19 +431,18 @@ impl ConfiguredPlugin {
     /// full, an idle instance (any plugin's, least recently used) gives up
     /// its slot, as idle memory yields to a live instance.
     async fn instantiate_live(&self) -> Result<Live, PluginError> {
-        self.with_a_slot(async || self.try_instantiate_live().await).await
-    }
-
-    /// What `make` makes, once the instance pool has a slot for it: while
-    /// it is full, idle instances give theirs up, least recently used first.
-    async fn with_a_slot<T>(&self, mut make: impl AsyncFnMut() -> Result<T, Made>) -> Result<T, PluginError> {
         loop {
-            match make().await {
-                Err(Made::PoolFull(_)) if self.module.shared.memory.evict_for_a_slot(self.idle.share()) => {}
-                Err(made) => return Err(made.into_error()),
-                Ok(made) => return Ok(made),
+            match self.try_instantiate_live().await {
+                Err(Made::PoolFull(_)) if self.evict_for_a_slot() => {}
+                live => return live.map_err(Made::into_error),
             }
         }
+    }
+
+    /// With the instance pool full, drops the least recently used idle
+    /// instance of any plugin for its slot; whether there was one.
+    fn evict_for_a_slot(&self) -> bool {
+        self.module.shared.memory.evict_for_a_slot(self.idle.share())
     }
 
     async fn try_instantiate_live(&self) -> Result<Live, Made> {
