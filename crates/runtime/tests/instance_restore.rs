@@ -96,6 +96,13 @@ fn a_checkpoint_belongs_to_its_instance() {
     let checkpoint = first.checkpoint(&mut store).unwrap();
     let error = second.restore(&mut store, &checkpoint).unwrap_err();
     assert!(format!("{error}").contains("only the instance it was taken from"), "{error}");
+
+    // Nor the instance at the same place in another store: its tables
+    // point into the first store.
+    let mut other = Store::new(&engine, ());
+    let same_place = linker.instantiate(&mut other, &component).unwrap();
+    let error = same_place.restore(&mut other, &checkpoint).unwrap_err();
+    assert!(format!("{error}").contains("only the instance it was taken from"), "{error}");
 }
 
 /// An instance holding a handle (here a resource it made and kept) is not

@@ -954,6 +954,8 @@ impl Table {
                 let Some((head, tail)) = data.split_at_mut_checked(len) else {
                     return false;
                 };
+                // SAFETY: `MaybeTaggedFuncRef` is `repr(transparent)` over
+                // the element type, as `funcrefs_mut` relies on too.
                 let head: &mut [MaybeTaggedFuncRef] =
                     unsafe { slice::from_raw_parts_mut(head.as_mut_ptr().cast(), len) };
                 head.copy_from_slice(&saved.0);
@@ -967,6 +969,7 @@ impl Table {
                     return false;
                 }
                 table.elements.truncate(len);
+                // SAFETY: as above; `elements` holds `len` after the truncate.
                 let elements: &mut [MaybeTaggedFuncRef] =
                     unsafe { slice::from_raw_parts_mut(table.elements.as_mut_ptr().cast(), len) };
                 elements.copy_from_slice(&saved.0);
