@@ -26,9 +26,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sluice_api::Document;
 use sluice_core::Isolation;
 use sluice_runtime::{ConfiguredPlugin, Limits, PluginRequest, RequestAction, Runtime, RuntimeConfig};
+
+#[path = "example_config.rs"]
+mod example_config;
+use example_config::example_config;
 
 const PLUGINS: &[&str] =
     &["prompt-template", "prompt-decorator", "context-trim", "auth", "prompt-guard", "response-guard"];
@@ -135,17 +138,6 @@ fn main() {
             );
         }
     });
-}
-
-fn example_config(path: &Path) -> serde_json::Value {
-    let yaml = std::fs::read_to_string(path).expect("the plugin's example.yaml");
-    sluice_api::parse_documents(&yaml)
-        .into_iter()
-        .find_map(|doc| match doc {
-            Ok(Document::Plugin(plugin)) => Some(plugin.spec.config.unwrap_or_default()),
-            _ => None,
-        })
-        .expect("a GatewayPlugin in the example")
 }
 
 fn request() -> PluginRequest {

@@ -18,12 +18,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use serde_json::json;
-use sluice_api::Document;
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, percentile};
+use http_body_util::BodyExt;
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, percentile, stream_on_own_connection};
+
+#[path = "example_config.rs"]
+mod example_config;
+use example_config::example_config;
 
 const CHUNKS: u32 = 10;
 const CHUNK_DELAY_MS: u64 = 20;
@@ -161,20 +161,7 @@ async fn paced(addr: SocketAddr, model: &'static str, seconds: u64) -> (Vec<Dura
 /// One streamed chat request on a connection of its own: the time from its
 /// scheduled start to its first event, once it has ended with `[DONE]`.
 async fn stream(addr: SocketAddr, model: &str, scheduled: Instant) -> Result<Duration, String> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(connection);
-    let body = json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hello"}]});
-    let request = hyper::Request::post("/v1/chat/completions")
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .header("x-echo-chunks", CHUNKS.to_string())
-        .header("x-echo-chunk-delay-ms", CHUNK_DELAY_MS.to_string())
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a valid request");
-    let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+    let response = stream_on_own_connection(addr, model, CHUNKS, CHUNK_DELAY_MS).await?;
     let (head, mut body) = response.into_parts();
     if head.status != 200 {
         return Err(format!("status {}", head.status));
@@ -193,17 +180,6 @@ async fn stream(addr: SocketAddr, model: &str, scheduled: Instant) -> Result<Dur
         return Err(format!("the stream did not end with [DONE]: {text:?}"));
     }
     first_event.ok_or_else(|| "no event".to_string())
-}
-
-fn example_config(path: &Path) -> serde_json::Value {
-    let yaml = std::fs::read_to_string(path).expect("the plugin's example.yaml");
-    sluice_api::parse_documents(&yaml)
-        .into_iter()
-        .find_map(|doc| match doc {
-            Ok(Document::Plugin(plugin)) => Some(plugin.spec.config.unwrap_or_default()),
-            _ => None,
-        })
-        .expect("a GatewayPlugin in the example")
 }
 
 fn ms(d: Duration) -> f64 {

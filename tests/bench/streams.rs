@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Route, percentile, rss_bytes_of};
+use sluice_tests::{
+    ConfigDir, Echo, Gateway, Options, Plugin, Route, percentile, rss_bytes_of, stream_on_own_connection,
+};
 
 const MODEL: &str = "gpt-bench";
 const SYSTEM_PROMPT: &str = "You are a helpful assistant.";
@@ -173,20 +173,7 @@ async fn stream(addr: SocketAddr, scheduled: Instant, open: &Open) -> Result<Str
 }
 
 async fn stream_inner(addr: SocketAddr, scheduled: Instant, open: &Open) -> Result<Stream, String> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(connection);
-    let body = json!({"model": MODEL, "stream": true, "messages": [{"role": "user", "content": "hello"}]});
-    let request = hyper::Request::post("/v1/chat/completions")
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .header("x-echo-chunks", CHUNKS.to_string())
-        .header("x-echo-chunk-delay-ms", CHUNK_DELAY_MS.to_string())
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a valid request");
-    let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+    let response = stream_on_own_connection(addr, MODEL, CHUNKS, CHUNK_DELAY_MS).await?;
     let (head, mut body) = response.into_parts();
     if head.status != 200 {
         let text = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();

@@ -197,3 +197,29 @@ pub fn sse_events(frames: &[(Instant, Bytes)]) -> Vec<(Instant, String)> {
     assert!(buffer.is_empty(), "the stream ended mid-event: {buffer:?}");
     events
 }
+
+/// A streamed chat request for `model` on an HTTP/1.1 connection of its own
+/// (no pool: each stream is its own client connection), asking the echo
+/// upstream for `chunks` chunks `delay_ms` apart; the response as it comes.
+pub async fn stream_on_own_connection(
+    addr: std::net::SocketAddr,
+    model: &str,
+    chunks: u32,
+    delay_ms: u64,
+) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(connection);
+    let body = serde_json::json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hello"}]});
+    let request = Request::post("/v1/chat/completions")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("x-echo-chunks", chunks.to_string())
+        .header("x-echo-chunk-delay-ms", delay_ms.to_string())
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a valid request");
+    sender.send_request(request).await.map_err(|e| format!("request: {e}"))
+}

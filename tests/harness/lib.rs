@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 pub use config::{Backend, ConfigDir, Plugin, Route, documents};
 pub use echo::Echo;
 pub use gateway::{Gateway, Options};
-pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events};
+pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events, stream_on_own_connection};
 pub use kube::KubeCluster;
 pub use otelcol::{Collector, MetricPoint, Span};
 pub use prometheus::{Prometheus, Sample};
