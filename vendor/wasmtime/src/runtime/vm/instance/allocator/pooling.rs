@@ -721,6 +721,7 @@ unsafe impl InstanceAllocator for PoolingInstanceAllocator {
         }
     }
 
+    /// Sluice patch: see [`InstanceAllocator::reset_memory_in_place`].
     #[cfg(has_virtual_memory)]
     fn reset_memory_in_place(&self, memory: &mut Memory, tunables: &Tunables) -> Result<bool> {
         let memory_tunables =

@@ -147,6 +147,7 @@ impl DecommitQueue {
     }
 
     /// Returns if any decommit call failed.
+    // Sluice patch: `pub(super)`, for `reset_memory_in_place`.
     pub(super) fn decommit_all_raw(&mut self) -> io::Result<()> {
         let iov: &[IoVec] = self.raw.as_slice();
         // SAFETY: `IoVec` is `repr(transparent)` over `iovec` so it should be
