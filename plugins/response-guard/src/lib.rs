@@ -173,9 +173,12 @@ impl Plugin for ResponseGuard {
             stream.pending.clear();
             return ChunkAction::Stop(Some(Value::Object(chunk).to_string()));
         }
-        let action =
-            if changed { ChunkAction::Replace(Value::Object(chunk.clone()).to_string()) } else { ChunkAction::Pass };
-        stream.last_chunk = Some(chunk);
+        // Written from the map itself, which is then kept: no copy of it.
+        let chunk = Value::Object(chunk);
+        let action = if changed { ChunkAction::Replace(chunk.to_string()) } else { ChunkAction::Pass };
+        if let Value::Object(chunk) = chunk {
+            stream.last_chunk = Some(chunk);
+        }
         action
     }
 
