@@ -5,6 +5,12 @@
 //! response-guard (its `example.yaml` config, a `response-chunk` hook on
 //! every event), `Reused` and `PerRequest` (restored after each stream).
 //!
+//! Pinned as `cargo xtask bench` pins its systems: the gateway (one
+//! serving thread, as a process started on one core runs) on core 0, this
+//! process (the clients and the echo) on core 1, so what the gateway adds is
+//! not the clients' turn on its core. `SLUICE_BENCH_UNPINNED=1` leaves both
+//! to the scheduler, as before 2026-12-06.
+//!
 //! The targets take turns, a few seconds each, for several rounds; in each
 //! round the time to the first event at p50 and p99 is compared with the
 //! same round's straight-to-echo figure, so drift between rounds cancels.
@@ -12,14 +18,15 @@
 //!
 //! `cargo bench -p sluice-tests --bench stream_hooks` after `cargo xtask
 //! plugins` and `cargo build --release -p sluice` (or `cargo xtask bench`).
-//! `SLUICE_BENCH_QUICK=1`: 2 rounds of 2 s.
+//! `SLUICE_BENCH_QUICK=1`: 2 rounds of 2 s; `SLUICE_BENCH_GATEWAY_LOG=<file>`
+//! keeps the gateway's log (its access lines time each stream inside it).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, percentile, stream_on_own_connection};
+use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Route, percentile, stream_on_own_connection};
 
 #[path = "example_config.rs"]
 mod example_config;
@@ -74,8 +81,18 @@ async fn measure() {
     ];
     let docs: Vec<String> = plugins.iter().map(Plugin::yaml).chain(routes.iter().map(Route::yaml)).collect();
     dir.write("config.yaml", &docs.join("---\n"));
-    let gateway = Gateway::start(&dir).await;
+    let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+        && !std::env::var("SLUICE_BENCH_UNPINNED").is_ok_and(|v| !v.is_empty() && v != "0");
+    let options = Options {
+        args: if pinned { vec!["--worker-threads".into(), "1".into()] } else { vec![] },
+        ..Default::default()
+    };
+    let gateway = Gateway::start_with(&dir, options).await;
     gateway.wait_for_snapshots(Duration::from_secs(60)).await;
+    if pinned {
+        pin_all_threads(gateway.pid(), 0);
+        pin_all_threads(std::process::id(), 1);
+    }
     let gateway_addr: SocketAddr = gateway.url("").trim_start_matches("http://").parse().expect("an address");
 
     // Each round: every target in turn, its first events' p50 and p99.
@@ -101,7 +118,12 @@ async fn measure() {
 
     println!(
         "{PER_SECOND} streams a second for {seconds} s per target and round, {rounds} rounds, each stream {CHUNKS} \
-         chunks {CHUNK_DELAY_MS} ms apart on a connection of its own; time to the first event.\n"
+         chunks {CHUNK_DELAY_MS} ms apart on a connection of its own; time to the first event. {}\n",
+        if pinned {
+            "The gateway (one serving thread) on core 0, the clients and the echo on core 1."
+        } else {
+            "Unpinned: the gateway, the clients and the echo share the cores."
+        }
     );
     println!("| target | first event p50 / p99 (ms) | added p50 (ms) | added p99 (ms) |");
     println!("|---|---:|---:|---:|");
@@ -127,6 +149,29 @@ async fn measure() {
     println!("\nEach cell: the median over rounds (min–max); added: minus the same round's straight-to-echo figure.");
     if !failures.is_empty() {
         println!("\nFailed streams: {}; the first: {}", failures.len(), failures[0]);
+    }
+    // What the gateway itself timed: from a request's arrival to the first
+    // byte of its body going out, the upstream's first event included. The
+    // client's view above adds the clients' and the host's own delays.
+    let log = gateway.log();
+    println!("\nInside the gateway, every stream of every round (its access log's `time_to_first_token_ms`):\n");
+    println!("| target | streams | time to first byte p50 / p99 (ms) | over no plugin p50 / p99 (ms) |");
+    println!("|---|---:|---:|---:|");
+    let inside: Vec<Vec<f64>> = TARGETS[1..].iter().map(|target| first_bytes_logged(&log, target.model)).collect();
+    let at = |values: &[f64], q: f64| values.get(((values.len() as f64 * q).ceil() as usize).max(1) - 1).copied();
+    for (target, values) in TARGETS[1..].iter().zip(&inside) {
+        let (p50, p99) = (at(values, 0.5).unwrap_or(f64::NAN), at(values, 0.99).unwrap_or(f64::NAN));
+        let (plain50, plain99) = (at(&inside[0], 0.5).unwrap_or(f64::NAN), at(&inside[0], 0.99).unwrap_or(f64::NAN));
+        println!(
+            "| {} | {} | {p50:.3} / {p99:.3} | {:+.3} / {:+.3} |",
+            target.name,
+            values.len(),
+            p50 - plain50,
+            p99 - plain99
+        );
+    }
+    if let Some(path) = std::env::var_os("SLUICE_BENCH_GATEWAY_LOG") {
+        std::fs::write(&path, &log).expect("writing the gateway's log");
     }
     drop(gateway);
     drop(echo);
@@ -180,6 +225,28 @@ async fn stream(addr: SocketAddr, model: &str, scheduled: Instant) -> Result<Dur
         return Err(format!("the stream did not end with [DONE]: {text:?}"));
     }
     first_event.ok_or_else(|| "no event".to_string())
+}
+
+/// The `time_to_first_token_ms` of the access lines for `model`, sorted.
+fn first_bytes_logged(log: &str, model: &str) -> Vec<f64> {
+    let wanted = format!(" model=\"{model}\" ");
+    let mut values: Vec<f64> = log
+        .lines()
+        .filter(|line| line.contains("sluice::access") && line.contains(&wanted))
+        .filter_map(|line| line.split(" time_to_first_token_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+/// Every thread of process `pid` onto `core` (`taskset -a -p`).
+fn pin_all_threads(pid: u32, core: usize) {
+    let status = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &core.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("running taskset");
+    assert!(status.success(), "taskset -a -p -c {core} {pid}: {status}");
 }
 
 fn ms(d: Duration) -> f64 {
