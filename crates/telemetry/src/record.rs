@@ -19,6 +19,9 @@ pub struct PluginId {
     /// Its metrics per hook, looked up on first use: a call then costs no
     /// label hashing.
     hooks: [OnceLock<HookMetrics>; HOOKS],
+    /// Its name and digest as an access line writes them, escaped once
+    /// rather than for every request (access.rs).
+    pub(crate) access: OnceLock<Box<str>>,
 }
 
 const HOOKS: usize = 5;
@@ -35,7 +38,13 @@ struct HookMetrics {
 
 impl PluginId {
     pub fn new(namespace: &str, name: &str, digest: &str) -> Self {
-        Self { namespace: namespace.into(), name: name.into(), digest: digest.into(), hooks: Default::default() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            digest: digest.into(),
+            hooks: Default::default(),
+            access: OnceLock::new(),
+        }
     }
 
     fn labels(&self, hook: Hook) -> metrics::PluginHookLabels {
