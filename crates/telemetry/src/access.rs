@@ -112,7 +112,7 @@ fn write_ms(out: &mut String, duration: Duration) {
         return;
     }
     let mut digits = 3;
-    while fraction % 10 == 0 {
+    while fraction.is_multiple_of(10) {
         fraction /= 10;
         digits -= 1;
     }
