@@ -9,7 +9,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::logging::{LogFormat, write_access, write_timestamp};
+use crate::logging::{LogFormat, push_zero_padded, write_access, write_timestamp};
 use crate::record::RequestRecord;
 
 pub(crate) fn log(record: &RequestRecord, duration: Duration) {
@@ -101,9 +101,9 @@ impl Line<'_> {
     }
 }
 
-/// `duration` in milliseconds, rounded to the microsecond, written as
-/// `{}` writes the `f64` [`ms`] makes of it (`1.5`, `12`, `0.003`): the
-/// same text for every duration a request can take, without the float.
+/// `duration` in milliseconds, rounded to the microsecond, written as `{}`
+/// wrote the `f64` of them this replaced (`1.5`, `12`, `0.003`): the same
+/// text for every duration a request can take, without the float.
 fn write_ms(out: &mut String, duration: Duration) {
     let micros = duration.as_nanos().saturating_add(500) / 1000;
     out.push_str(itoa::Buffer::new().format(micros / 1000));
@@ -117,11 +117,7 @@ fn write_ms(out: &mut String, duration: Duration) {
         digits -= 1;
     }
     out.push('.');
-    let written = itoa::Buffer::new().format(fraction).len();
-    for _ in written..digits {
-        out.push('0');
-    }
-    out.push_str(itoa::Buffer::new().format(fraction));
+    push_zero_padded(out, u32::from(fraction), digits);
 }
 
 fn fields(record: &RequestRecord, duration: Duration, line: &mut Line) {

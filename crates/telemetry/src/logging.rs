@@ -220,13 +220,18 @@ pub(crate) fn write_timestamp(out: &mut String, time: std::time::SystemTime) {
     };
     out.push_str(std::str::from_utf8(&date).unwrap_or("0000-00-00T00:00:00"));
     out.push('.');
-    let micros = since.subsec_micros();
-    let digits = itoa::Buffer::new().format(micros).len();
-    for _ in digits..6 {
+    push_zero_padded(out, since.subsec_micros(), 6);
+    out.push('Z');
+}
+
+/// `value` in decimal, zeros before it up to `width` digits.
+pub(crate) fn push_zero_padded(out: &mut String, value: u32, width: usize) {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(value);
+    for _ in digits.len()..width {
         out.push('0');
     }
-    out.push_str(itoa::Buffer::new().format(micros));
-    out.push('Z');
+    out.push_str(digits);
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` of `second` since the epoch, UTC; years past 9999
