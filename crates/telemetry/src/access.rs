@@ -33,6 +33,20 @@ pub(crate) fn log(record: &RequestRecord, duration: Duration) {
     });
 }
 
+/// A field's name as each format writes it before the value, put together
+/// at compile time: `,"name":` and ` name=`.
+#[derive(Clone, Copy)]
+struct Key {
+    json: &'static str,
+    text: &'static str,
+}
+
+macro_rules! key {
+    ($name:literal) => {
+        Key { json: concat!(",\"", $name, "\":"), text: concat!(" ", $name, "=") }
+    };
+}
+
 /// A line being written: `,"key":value` in JSON, ` key=value` in text
 /// (values as JSON would write them, so a string cannot pose as another
 /// field or start a line; text leaves out what is null).
@@ -42,22 +56,14 @@ struct Line<'a> {
 }
 
 impl Line<'_> {
-    fn key(&mut self, key: &str) {
-        match self.format {
-            LogFormat::Json => {
-                self.out.push_str(",\"");
-                self.out.push_str(key);
-                self.out.push_str("\":");
-            }
-            LogFormat::Text => {
-                self.out.push(' ');
-                self.out.push_str(key);
-                self.out.push('=');
-            }
-        }
+    fn key(&mut self, key: Key) {
+        self.out.push_str(match self.format {
+            LogFormat::Json => key.json,
+            LogFormat::Text => key.text,
+        });
     }
 
-    fn str(&mut self, key: &str, value: Option<&str>) {
+    fn str(&mut self, key: Key, value: Option<&str>) {
         match value {
             Some(value) => {
                 self.key(key);
@@ -67,7 +73,7 @@ impl Line<'_> {
         }
     }
 
-    fn int(&mut self, key: &str, value: Option<impl itoa::Integer>) {
+    fn int(&mut self, key: Key, value: Option<impl itoa::Integer>) {
         match value {
             Some(value) => {
                 self.key(key);
@@ -78,7 +84,7 @@ impl Line<'_> {
     }
 
     /// Milliseconds to the microsecond, as an `f64` of them would print.
-    fn ms(&mut self, key: &str, value: Option<Duration>) {
+    fn ms(&mut self, key: Key, value: Option<Duration>) {
         match value {
             Some(value) => {
                 self.key(key);
@@ -88,12 +94,12 @@ impl Line<'_> {
         }
     }
 
-    fn bool(&mut self, key: &str, value: bool) {
+    fn bool(&mut self, key: Key, value: bool) {
         self.key(key);
         self.out.push_str(if value { "true" } else { "false" });
     }
 
-    fn null(&mut self, key: &str) {
+    fn null(&mut self, key: Key) {
         if self.format == LogFormat::Json {
             self.key(key);
             self.out.push_str("null");
@@ -122,26 +128,26 @@ fn write_ms(out: &mut String, duration: Duration) {
 
 fn fields(record: &RequestRecord, duration: Duration, line: &mut Line) {
     let upstream = record.attempts.last().map(|a| a.end.saturating_sub(a.start));
-    line.str("request_id", Some(&record.id));
-    line.str("method", Some(&record.method));
-    line.str("path", Some(&record.path));
-    line.str("route", record.route.as_deref());
-    line.str("model", record.model.as_deref());
-    line.str("backend", record.backend.as_deref());
-    line.int("status", Some(record.status));
-    line.str("error_code", record.error_code);
-    line.bool("streamed", record.streamed);
-    line.bool("completed", record.completed);
-    line.ms("duration_ms", Some(duration));
-    line.ms("time_to_first_token_ms", record.first_byte);
-    line.ms("upstream_ms", upstream);
-    line.int("attempts", Some(record.attempts.len()));
-    line.int("input_tokens", record.tokens.map(|t| t.input));
-    line.int("output_tokens", record.tokens.map(|t| t.output));
-    line.str("response_model", record.response_model.as_deref());
-    line.str("consumer", record.consumer.as_deref());
-    line.int("response_bytes", Some(record.response_bytes));
-    line.key("plugins");
+    line.str(key!("request_id"), Some(&record.id));
+    line.str(key!("method"), Some(&record.method));
+    line.str(key!("path"), Some(&record.path));
+    line.str(key!("route"), record.route.as_deref());
+    line.str(key!("model"), record.model.as_deref());
+    line.str(key!("backend"), record.backend.as_deref());
+    line.int(key!("status"), Some(record.status));
+    line.str(key!("error_code"), record.error_code);
+    line.bool(key!("streamed"), record.streamed);
+    line.bool(key!("completed"), record.completed);
+    line.ms(key!("duration_ms"), Some(duration));
+    line.ms(key!("time_to_first_token_ms"), record.first_byte);
+    line.ms(key!("upstream_ms"), upstream);
+    line.int(key!("attempts"), Some(record.attempts.len()));
+    line.int(key!("input_tokens"), record.tokens.map(|t| t.input));
+    line.int(key!("output_tokens"), record.tokens.map(|t| t.output));
+    line.str(key!("response_model"), record.response_model.as_deref());
+    line.str(key!("consumer"), record.consumer.as_deref());
+    line.int(key!("response_bytes"), Some(record.response_bytes));
+    line.key(key!("plugins"));
     let out = &mut *line.out;
     out.push('[');
     for (i, calls) in record.plugins.iter().enumerate() {
@@ -172,7 +178,7 @@ fn fields(record: &RequestRecord, duration: Duration, line: &mut Line) {
         out.push('}');
     }
     out.push(']');
-    line.str("trace_id", record.trace.as_ref().map(|t| t.trace_id_hex()).as_deref());
+    line.str(key!("trace_id"), record.trace.as_ref().map(|t| t.trace_id_hex()).as_deref());
 }
 
 /// `text` as a JSON string: quotes, backslashes and control characters
