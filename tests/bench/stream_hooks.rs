@@ -159,11 +159,12 @@ async fn measure() {
     println!("\nInside the gateway, every stream of every round (its access log's `time_to_first_token_ms`):\n");
     println!("| target | streams | time to first byte p50 / p99 (ms) | over no plugin p50 / p99 (ms) |");
     println!("|---|---:|---:|---:|");
-    let inside: Vec<Vec<f64>> = TARGETS[1..].iter().map(|target| first_bytes_logged(&log, target.model)).collect();
-    let at = |values: &[f64], q: f64| values.get(((values.len() as f64 * q).ceil() as usize).max(1) - 1).copied();
+    let inside: Vec<Vec<Duration>> = TARGETS[1..].iter().map(|target| first_bytes_logged(&log, target.model)).collect();
+    // The harness's nearest-rank percentile, in ms; NaN for no streams.
+    let at = |values: &[Duration], q| if values.is_empty() { f64::NAN } else { ms(percentile(values, q)) };
+    let (plain50, plain99) = (at(&inside[0], 0.5), at(&inside[0], 0.99));
     for (target, values) in TARGETS[1..].iter().zip(&inside) {
-        let (p50, p99) = (at(values, 0.5).unwrap_or(f64::NAN), at(values, 0.99).unwrap_or(f64::NAN));
-        let (plain50, plain99) = (at(&inside[0], 0.5).unwrap_or(f64::NAN), at(&inside[0], 0.99).unwrap_or(f64::NAN));
+        let (p50, p99) = (at(values, 0.5), at(values, 0.99));
         println!(
             "| {} | {} | {p50:.3} / {p99:.3} | {:+.3} / {:+.3} |",
             target.name,
@@ -230,14 +231,15 @@ async fn stream(addr: SocketAddr, model: &str, scheduled: Instant) -> Result<Dur
 }
 
 /// The `time_to_first_token_ms` of the access lines for `model`, sorted.
-fn first_bytes_logged(log: &str, model: &str) -> Vec<f64> {
+fn first_bytes_logged(log: &str, model: &str) -> Vec<Duration> {
     let wanted = format!(" model=\"{model}\" ");
-    let mut values: Vec<f64> = log
+    let mut values: Vec<Duration> = log
         .lines()
         .filter(|line| line.contains("sluice::access") && line.contains(&wanted))
-        .filter_map(|line| line.split(" time_to_first_token_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|line| line.split(" time_to_first_token_ms=").nth(1)?.split(' ').next()?.parse::<f64>().ok())
+        .filter_map(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
         .collect();
-    values.sort_by(f64::total_cmp);
+    values.sort();
     values
 }
 
