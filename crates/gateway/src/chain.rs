@@ -146,6 +146,19 @@ pub async fn request_filters(
     if route.chain.is_empty() {
         return Ok(Filtered::Forward(Vec::new(), HeaderMap::new()));
     }
+    // Boxed: the hooks' futures hold a plugin call's state (4 KiB), and
+    // every request's future would carry it, copied whole as hyper takes
+    // the future in, plugins or not.
+    Box::pin(run_chain(route, model, outgoing, max_body_bytes, record)).await
+}
+
+async fn run_chain(
+    route: &Route,
+    model: &str,
+    outgoing: &mut Outgoing,
+    max_body_bytes: usize,
+    record: &mut RequestRecord,
+) -> Result<Filtered, ApiError> {
     let mut request = plugin_request(route, model, outgoing, max_body_bytes);
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.

@@ -75,11 +75,15 @@ pub async fn respond(
     let mut held = settings.response_buffers.hold(record.backend.as_deref());
     if !streamed && wanted.contains(Hooks::RESPONSE_BODY) {
         // Only a `response-body` hook makes the gateway hold a whole body.
-        let whole = collect_held(body, max_body_bytes, limits.idle, &mut held)
-            .await
-            .map_err(|error| error.into_api_error("reading the upstream's response for response-body plugins"))?;
-        known = Some(reported_in(&whole));
-        let filtered = response_body_filters(&mut engaged, whole, max_body_bytes, record).await?;
+        let (filtered, reported) = Box::pin(async {
+            let whole = collect_held(body, max_body_bytes, limits.idle, &mut held)
+                .await
+                .map_err(|error| error.into_api_error("reading the upstream's response for response-body plugins"))?;
+            let reported = reported_in(&whole);
+            Ok::<_, ApiError>((response_body_filters(&mut engaged, whole, max_body_bytes, record).await?, reported))
+        })
+        .await?;
+        known = Some(reported);
         // A larger body written by a plugin is held anyway: charged if it can be.
         let _ = held.resize(filtered.len());
         body = full(filtered);
@@ -121,6 +125,20 @@ async fn response_filters(
     engaged: &mut Vec<Engaged>,
     record: &mut RequestRecord,
 ) -> Result<(), ApiError> {
+    if engaged.iter().any(|e| e.wants(Hooks::RESPONSE_HEAD)) {
+        // Boxed, as the request hooks are: a plugin call's state would
+        // otherwise be in every request's future.
+        Box::pin(response_head_hooks(head, engaged, record)).await?;
+    }
+    engaged.retain(|e| e.hooks().intersects(Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END));
+    Ok(())
+}
+
+async fn response_head_hooks(
+    head: &mut http::response::Parts,
+    engaged: &mut [Engaged],
+    record: &mut RequestRecord,
+) -> Result<(), ApiError> {
     for plugin in engaged.iter_mut().filter(|e| e.wants(Hooks::RESPONSE_HEAD)) {
         let started = Instant::now();
         let view = sluice_runtime::Response { status: head.status.as_u16(), headers: to_pairs(&head.headers) };
@@ -129,7 +147,6 @@ async fn response_filters(
         });
         plugin.settle(record, Hook::ResponseHead, started, result)?;
     }
-    engaged.retain(|e| e.hooks().intersects(Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_BODY | Hooks::RESPONSE_END));
     Ok(())
 }
 

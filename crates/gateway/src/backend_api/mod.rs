@@ -105,7 +105,9 @@ impl Adapter {
     ) -> Result<(http::Response<Body>, Option<String>), ApiError> {
         match self {
             Adapter::OpenAi => Ok(openai::response(response, idle, wants_error_code).await),
-            Adapter::Anthropic => anthropic::response(response, stream, settings, idle).await,
+            // Boxed: the translation's state would otherwise be carried in
+            // every request's future, whatever its backend.
+            Adapter::Anthropic => Box::pin(anthropic::response(response, stream, settings, idle)).await,
         }
     }
 }

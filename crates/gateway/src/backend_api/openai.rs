@@ -45,7 +45,9 @@ pub(super) async fn response(
     // A (small) error response is read to find its OpenAI `code`, and the
     // body put back for the client.
     let (parts, body) = response.into_parts();
-    match crate::body::collect_limited(body, ERROR_BODY_LIMIT, idle).await {
+    // Boxed: an error body's read is rare, and its state would otherwise
+    // be carried in every request's future.
+    match Box::pin(crate::body::collect_limited(body, ERROR_BODY_LIMIT, idle)).await {
         Ok(bytes) => {
             let code = error_code(&bytes);
             (http::Response::from_parts(parts, full(bytes)), code)
