@@ -554,15 +554,6 @@ fn write_array(pieces: &[Piece], src: &[u8], out: &mut Vec<u8>) {
     out.push(b']');
 }
 
-/// The members of a JSON object, each name (decoded) with its value's
-/// text, in order: one pass that checks the whole text as serde_json would.
-/// `None` where that pass is unsure (not an object, not JSON, a name given
-/// twice in any object, nesting very deep): ask serde_json then.
-pub fn object_members(text: &[u8]) -> Option<Vec<(Cow<'_, str>, &[u8])>> {
-    let read = read::read(text)?;
-    Some(read.members.into_iter().map(|member| (member.key, &text[member.value])).collect())
-}
-
 /// Whether `text` is one JSON value with no object naming a member twice,
 /// checked without building it.
 pub fn check_json(text: &[u8]) -> Result<(), serde_json::Error> {
