@@ -36,7 +36,7 @@ const MAX_DEPTH: usize = 64;
 pub(crate) fn read(text: &[u8]) -> Option<Read<'_>> {
     // Strings must be UTF-8 and nothing outside them may be other than
     // ASCII: one check of the whole text covers both, and is fast.
-    let str = std::str::from_utf8(text).ok()?;
+    let str = simdutf8::basic::from_utf8(text).ok()?;
     let mut cursor = Cursor { text, str, at: 0, names: Vec::with_capacity(16) };
     cursor.ws();
     let read = cursor.top()?;
