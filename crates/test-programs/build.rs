@@ -16,6 +16,7 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("prompt-guard", "prompt_guard", "wasm32-unknown-unknown"),
     ("chaos", "chaos", "wasm32-unknown-unknown"),
     ("probe", "probe", "wasm32-unknown-unknown"),
+    ("stateful", "stateful", "wasm32-unknown-unknown"),
     ("hostile", "hostile", "wasm32-wasip2"),
 ];
 

@@ -4,9 +4,9 @@
 //!
 //! Each language gets one gateway, serving the plugin with a good config per
 //! request and reused, and with a config its `configure` must reject. The C
-//! example as built against `sluice:plugin@0.2.0` (kept byte for byte in
-//! tests/fixtures/plugins-v0.2) must behave the same: 0.2 components keep
-//! loading unchanged.
+//! example as built against `sluice:plugin@0.2.0` and `0.3.0` (kept byte
+//! for byte in tests/fixtures/plugins-v0.2 and plugins-v0.3.0) must behave
+//! the same: components built for earlier versions keep loading unchanged.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,6 +49,12 @@ async fn javascript() {
 #[tokio::test]
 async fn c_built_for_0_2() {
     let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/plugins-v0.2/example-c.wasm");
+    conforms(wasm, "c").await;
+}
+
+#[tokio::test]
+async fn c_built_for_0_3_0() {
+    let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/plugins-v0.3.0/example-c.wasm");
     conforms(wasm, "c").await;
 }
 

@@ -8,4 +8,5 @@ mod connections;
 mod content;
 mod endpoints;
 mod memory;
+mod state;
 mod tenancy;

@@ -1,7 +1,8 @@
-//! Plugins built against `sluice:plugin@0.2.0` (kept byte for byte in
-//! tests/fixtures/plugins-v0.2) and against 0.3.0 (plugins/dist) serve in
-//! one chain: each sees the edits of the ones before it, whichever version
-//! made them, and both can mark the response.
+//! Plugins built against `sluice:plugin@0.2.0` and `0.3.0` (kept byte for
+//! byte in tests/fixtures/plugins-v0.2 and plugins-v0.3.0) and against the
+//! current version (plugins/dist) serve in one chain: each sees the edits of
+//! the ones before it, whichever version made them, and each can mark the
+//! response.
 
 use std::path::Path;
 
@@ -9,7 +10,11 @@ use serde_json::{Value, json};
 use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents};
 
 fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/plugins-v0.2").join(format!("{name}.wasm"))
+    fixture_of("0.2", name)
+}
+
+fn fixture_of(version: &str, name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/plugins-v{version}")).join(format!("{name}.wasm"))
 }
 
 fn decorator(prepend: &str, append: &str) -> Value {
@@ -63,4 +68,57 @@ async fn plugins_of_both_versions_share_one_chain() {
     assert_eq!(echoed["headers"]["x-new"], "0.3");
     assert_eq!(reply.header("x-marked-by-old"), Some("0.2"));
     assert_eq!(reply.header("x-marked-by-new"), Some("0.3"));
+}
+
+/// Components built for 0.3.0, before `state` and `request.consumer`
+/// existed, load and serve unchanged in one chain with a 0.3.1 plugin that
+/// uses both: the 0.3.0 auth plugin names the consumer, the 0.3.1 plugin
+/// reads it and keeps state, and the 0.3.0 decorator and header plugins edit
+/// the request as before.
+#[tokio::test]
+async fn plugins_built_for_0_3_0_serve_beside_0_3_1_ones() {
+    let echo = Echo::start().await;
+    // The auth plugin's bench key, `sk-bench-0123456789abcdef`.
+    let key_sha256 = "4544960adbf893386971435af98a39b6f3a29f78107fbe68a787ab2467ba27d9";
+    let plugins = [
+        Plugin::at("old-auth", fixture_of("0.3.0", "auth"))
+            .auth_phase()
+            .config(json!({"apiKeys": [{"consumer": "team-a", "sha256": key_sha256}]})),
+        Plugin::at("old-decorator", fixture_of("0.3.0", "prompt-decorator")).config(decorator("old first", "old last")),
+        Plugin::at("old-header", fixture_of("0.3.0", "add-header")).config(json!({"header": "x-old", "value": "0.3.0",
+            "responseHeader": {"name": "x-marked-by-old", "value": "0.3.0"}})),
+        Plugin::new("stateful", "stateful").config(json!({"limit": 5, "window": "fixed:3600"})).state(json!({})),
+    ];
+    let names: Vec<&str> = plugins.iter().map(Plugin::name).collect();
+    let dir = ConfigDir::new();
+    dir.write("plugins.yaml", &documents(&plugins.iter().map(Plugin::yaml).collect::<Vec<_>>()));
+    dir.write("route.yaml", &Route::new("chat", &["gpt-test"], &echo.url()).plugins(&names).yaml());
+    let gateway = Gateway::start(&dir).await;
+
+    let admin = gateway.admin_config().await;
+    assert_eq!(admin["errors"], json!([]), "{admin}");
+    assert_eq!(admin["routes"][0]["plugins"].as_array().map(Vec::len), Some(4), "all four load: {admin}");
+
+    let body = json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hello"}]});
+    let headers = [("x-api-key", "sk-bench-0123456789abcdef"), ("x-state-reserve", "requests=2")];
+    let reply = gateway.post("/v1/chat/completions", body.to_string(), &headers).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.header("x-state-consumer"),
+        Some("key:team-a"),
+        "the 0.3.1 plugin reads the 0.3.0 auth's consumer"
+    );
+    assert_eq!(reply.header("x-state-remaining"), Some("3"));
+    assert_eq!(reply.header("x-marked-by-old"), Some("0.3.0"));
+    let echoed = reply.echoed();
+    assert_eq!(echoed["headers"]["x-old"], "0.3.0", "{echoed}");
+    let contents: Vec<&str> =
+        echoed["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap()).collect();
+    assert_eq!(contents, ["old first", "hello", "old last"], "{echoed}");
+
+    // Without the key, the 0.3.0 auth plugin refuses before state is spent.
+    let refused = gateway.post("/v1/chat/completions", body.to_string(), &headers[1..]).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    let again = gateway.post("/v1/chat/completions", body.to_string(), &headers).await;
+    assert_eq!(again.header("x-state-remaining"), Some("1"), "{}", again.text());
 }

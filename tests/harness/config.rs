@@ -59,6 +59,7 @@ pub struct Plugin {
     reused: Option<u32>,
     auth_phase: bool,
     endpoints: Option<Vec<String>>,
+    state: Option<Value>,
 }
 
 impl Plugin {
@@ -75,6 +76,7 @@ impl Plugin {
             reused: None,
             auth_phase: false,
             endpoints: None,
+            state: None,
         }
     }
 
@@ -139,6 +141,12 @@ impl Plugin {
         self
     }
 
+    /// `state`: grants shared state (`{}`: the gateway's caps).
+    pub fn state(mut self, grant: Value) -> Plugin {
+        self.state = Some(grant);
+        self
+    }
+
     /// `isolation: Reused`, keeping at most `max_idle` idle instances.
     pub fn reused(mut self, max_idle: u32) -> Plugin {
         self.reused = Some(max_idle);
@@ -178,6 +186,9 @@ impl Plugin {
         }
         if let Some(endpoints) = &self.endpoints {
             spec += &format!("  endpoints: {}\n", Value::from(endpoints.clone()));
+        }
+        if let Some(state) = &self.state {
+            spec += &format!("  state: {state}\n");
         }
         document("GatewayPlugin", &self.name, &spec)
     }

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy, ResourceKey};
+use sluice_core::{FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy, ResourceKey, StateGrant};
 
 use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
 
@@ -92,6 +92,29 @@ pub struct GatewayPluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub endpoints: Option<Vec<crate::route::EndpointSpec>>,
+    /// Grants the plugin shared state (`sluice:plugin/state`): counters in
+    /// time windows and entries with a TTL, in the gateway's store (in
+    /// process, or Redis shared by every replica), under keys only this
+    /// plugin can reach. A component that imports state without this grant
+    /// is refused at load. `{}` grants it with the gateway's per-plugin caps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateSpec>,
+}
+
+/// A plugin's shared state and its caps; each cap is at most the gateway's
+/// per-plugin one (`--state-max-keys-per-plugin`,
+/// `--state-max-bytes-per-plugin`), which applies where none is given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateSpec {
+    /// Keys (counters and entries) the plugin may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_keys: Option<u64>,
+    /// Bytes of keys and values the plugin may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_bytes: Option<u64>,
 }
 
 /// A Secret value set into the plugin config.
@@ -286,6 +309,7 @@ impl GatewayPlugin {
                 * 1024
                 * 1024,
             endpoints: crate::route::endpoints(spec.endpoints.as_deref()).map_err(|e| format!("spec.{e}"))?,
+            state: spec.state.as_ref().map(|state| StateGrant { max_keys: state.max_keys, max_bytes: state.max_bytes }),
             isolation: match spec.isolation {
                 IsolationSpec::PerRequest => Isolation::PerRequest,
                 IsolationSpec::Reused => Isolation::Reused {

@@ -253,6 +253,19 @@ pub struct PluginDecl {
     /// declared: a plugin that does not read content, like auth or
     /// add-header, understands every endpoint).
     pub endpoints: Endpoints,
+    /// Shared state (`sluice:plugin/state`), if granted: a component that
+    /// imports it without a grant is refused at load.
+    pub state: Option<StateGrant>,
+}
+
+/// A plugin's grant of shared state, with its own caps: each at most the
+/// gateway's per-plugin cap, which applies where one is not given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateGrant {
+    /// Keys (counters and entries) the plugin may hold at once.
+    pub max_keys: Option<u64>,
+    /// Bytes of keys and values the plugin may hold at once.
+    pub max_bytes: Option<u64>,
 }
 
 impl PluginDecl {

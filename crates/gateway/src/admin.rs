@@ -156,6 +156,17 @@ struct PluginView {
     /// `snapshot`, `configure-until-snapshot` or `configure`.
     instances_start_from: &'static str,
     endpoints: sluice_core::config::Endpoints,
+    /// Granted shared state: where it is kept, and the caps it holds under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<StateView>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StateView {
+    store: &'static str,
+    max_keys: usize,
+    max_bytes: usize,
 }
 
 impl SnapshotView {
@@ -186,6 +197,11 @@ impl SnapshotView {
                     max_memory_mi_b: p.decl.max_memory_bytes / (1024 * 1024),
                     instances_start_from: p.configured.instances_start_from().as_str(),
                     endpoints: p.decl.endpoints,
+                    state: p.configured.state().map(|(store, max_keys, max_bytes)| StateView {
+                        store,
+                        max_keys,
+                        max_bytes,
+                    }),
                 }
             })
             .collect();

@@ -170,6 +170,7 @@ async fn run_chain(
             && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
         if auth_phase_ends {
             record.consumer = consumer(&request.headers);
+            request.consumer.clone_from(&record.consumer);
         }
         match step {
             Step::Continue(instance) => {
@@ -336,7 +337,16 @@ pub struct Refusal(pub Condition);
 fn direct_response(plugin: &LoadedPlugin, direct: sluice_runtime::DirectResponse) -> http::Response<Body> {
     let status = StatusCode::from_u16(direct.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if direct.body.is_empty() && status.as_u16() >= 400 {
-        return error_response(&ApiError::plugin_rejected(plugin.name(), status.as_u16()));
+        // The host writes the body; the plugin's headers (a 429's
+        // `retry-after` and rate-limit figures) go with it, but for the
+        // body's own type.
+        let mut response = error_response(&ApiError::plugin_rejected(plugin.name(), status.as_u16()));
+        let headers: Vec<_> =
+            direct.headers.into_iter().filter(|(name, _)| !name.eq_ignore_ascii_case("content-type")).collect();
+        if let Err(error) = apply_edits(response.headers_mut(), &headers, &[]) {
+            tracing::warn!(plugin = plugin.name(), %error, "direct response header dropped");
+        }
+        return response;
     }
     let refusal = (status == StatusCode::BAD_REQUEST
         && crate::backend_api::error_code(&direct.body).as_deref() == Some("context_length_exceeded"))

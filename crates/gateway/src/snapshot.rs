@@ -374,8 +374,13 @@ async fn load_plugin(
         LoadFailure { reason, ..LoadFailure::permanent(e.to_string()) }
     })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
-    let configured =
-        module.configure(&decl.key.to_string(), &decl.config, limits, decl.isolation).await.map_err(|e| {
+    let configured = module
+        .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation, state_scope(decl))
+        .await
+        .map_err(|e| {
+            if let sluice_runtime::LoadError::NotGranted(why) = e {
+                return LoadFailure { reason: reason::NOT_PERMITTED, ..LoadFailure::permanent(why) };
+            }
             // A plugin's error may quote its config, whose values may come
             // from Secrets (configFrom): none reaches a log, status or
             // /admin/config.
@@ -399,6 +404,15 @@ async fn load_plugin(
 }
 
 /// Fetches an OCI plugin's module, verified against the pin if there is one.
+/// The scope a granted plugin's state lives under, with its own caps.
+fn state_scope(decl: &PluginDecl) -> Option<sluice_runtime::sluice_state::Scope> {
+    let grant = decl.state?;
+    let mut scope = sluice_runtime::sluice_state::Scope::new(decl.key.namespace.as_str(), decl.key.name.as_str());
+    scope.max_keys = grant.max_keys;
+    scope.max_bytes = grant.max_bytes;
+    Some(scope)
+}
+
 async fn pull(
     registry: Option<&Registry>,
     reference: &str,

@@ -1,19 +1,31 @@
 //! The generated bindings of the two versions of the plugin world the
-//! runtime serves: `sluice:plugin@0.3.0` (`wit/`), whose types are the
+//! runtime serves: `sluice:plugin@0.3.1` (`wit/`), whose types are the
 //! runtime's own, and `0.2.0` (`wit/v0.2/`, frozen), whose components keep
-//! loading unchanged (`versions.rs` translates their calls).
+//! loading unchanged (`versions.rs` translates their calls). A component
+//! built for 0.3.0 links against 0.3.1 as it is: wasmtime matches its
+//! imports and exports to the newest compatible version (0.3.x), and 0.3.1
+//! only added to 0.3.0.
 
 pub(crate) mod v3 {
     wasmtime::component::bindgen!({
         path: "../../wit",
-        world: "plugin",
+        // The largest world: the host serves every import of every world.
+        world: "stateful-plugin",
         // Exports run guest code, which yields on epoch ticks. Host imports
-        // are quick and synchronous, except token counting: it runs on a
+        // are quick and synchronous, except token counting, which runs on a
         // blocking thread and traps the guest when the plugin's deadline
-        // passes. A request handle that is not in the store's table traps.
-        imports: { "sluice:plugin/host.count-tokens": async | trappable, default: trappable },
+        // passes, and state, which waits on the store within that deadline.
+        // A request handle that is not in the store's table traps.
+        imports: {
+            "sluice:plugin/host.count-tokens": async | trappable,
+            "sluice:plugin/state": async | trappable,
+            default: trappable,
+        },
         exports: { default: async },
-        with: { "sluice:plugin/types.request": crate::request::PluginRequest },
+        with: {
+            "sluice:plugin/types.request": crate::request::PluginRequest,
+            "sluice:plugin/state.reservation": crate::state::Reservation,
+        },
     });
 }
 

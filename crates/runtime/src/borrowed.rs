@@ -21,8 +21,11 @@ use wasmtime::component::{Linker, Resource, WasmStr};
 use crate::host::PluginState;
 use crate::request::PluginRequest;
 
-/// The interface whose `request` methods these are.
-const TYPES: &str = "sluice:plugin/types@0.3.0";
+/// The interface whose `request` methods these are: the version the
+/// bindings serve (`wit/plugin.wit`), to which components built for earlier
+/// 0.3 versions link too. Any other name would define a second instance
+/// beside the bindings' one, without the `request` resource.
+const TYPES: &str = "sluice:plugin/types@0.3.1";
 
 /// Names up to this long are copied onto the stack; longer ones (which are
 /// rare and may be invalid) onto the heap.
@@ -97,5 +100,17 @@ impl Name {
             Name::Inline(bytes, len) => unsafe { std::str::from_utf8_unchecked(&bytes[..*len]) },
             Name::Heap(text) => text,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// These calls shadow the bindings' only at the version the bindings
+    /// serve: at any other, every 0.3 component would fail to link.
+    #[test]
+    fn the_shadowed_interface_is_the_wit_version() {
+        let wit = include_str!("../../../wit/plugin.wit");
+        let version = wit.lines().find_map(|line| line.strip_prefix("package sluice:plugin@")).unwrap();
+        assert_eq!(super::TYPES, format!("sluice:plugin/types@{}", version.trim_end_matches(';')));
     }
 }

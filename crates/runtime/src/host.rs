@@ -43,6 +43,8 @@ pub(crate) struct PluginState {
     pub(crate) serving: Option<PluginRequest>,
     /// The request the instance serves now, for attributing log lines.
     pub request_id: Option<Arc<str>>,
+    /// The plugin's shared state, if granted.
+    pub(crate) state: Option<Arc<crate::state::StateAccess>>,
 }
 
 impl PluginState {
@@ -53,6 +55,7 @@ impl PluginState {
         log_rate: Arc<RateLimit>,
         tokens: TokenCounter,
         ticker: Arc<EpochTicker>,
+        state: Option<Arc<crate::state::StateAccess>>,
     ) -> Self {
         let memory = MemoryLimiter::new(max_memory_bytes, budget, &plugin);
         Self {
@@ -67,6 +70,7 @@ impl PluginState {
             table: ResourceTable::new(),
             serving: None,
             request_id: None,
+            state,
         }
     }
 }
@@ -334,6 +338,10 @@ impl wit::HostRequest for PluginState {
 
     fn route(&mut self, this: Handle) -> wasmtime::Result<String> {
         Ok(self.request(&this)?.route.clone())
+    }
+
+    fn consumer(&mut self, this: Handle) -> wasmtime::Result<Option<String>> {
+        Ok(self.request(&this)?.consumer.clone())
     }
 
     // Shadowed by `borrowed.rs`, which calls the same methods.

@@ -29,6 +29,7 @@ mod plugin;
 mod request;
 mod runtime;
 mod snapshot;
+mod state;
 pub mod tokens;
 mod versions;
 mod wasi;
@@ -40,6 +41,7 @@ pub use bindings::{
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use request::PluginRequest;
 pub use runtime::{Runtime, RuntimeConfig, StartError};
+pub use sluice_state;
 
 use std::time::Duration;
 
@@ -84,6 +86,9 @@ pub enum LoadError {
         .0 / (1024 * 1024)
     )]
     OverShare(usize),
+    /// It imports a capability its GatewayPlugin does not grant.
+    #[error("{0}")]
+    NotGranted(&'static str),
     #[error(transparent)]
     Plugin(#[from] PluginError),
 }

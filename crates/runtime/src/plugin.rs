@@ -21,6 +21,7 @@ use crate::host::{DeadlineExceeded, PluginState};
 use crate::memory::{GuestMemory, IdlePool, PluginShare};
 use crate::request::PluginRequest;
 use crate::snapshot::{Budget, Snapshot, Source};
+use crate::state::StateAccess;
 use crate::versions::{Plugin, PluginPre};
 use crate::{LoadError, PluginError};
 
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub snapshot_configure_budget: Duration,
     pub ticker: Arc<EpochTicker>,
     pub compiler: Compiler,
+    /// The store granted plugins' state lives in.
+    pub state: Arc<dyn sluice_state::Store>,
 }
 
 /// A compiled component, ready to instantiate cheaply.
@@ -56,6 +59,9 @@ pub struct PluginModule {
     /// The component itself: each snapshot is made from it.
     pub(crate) bytes: Arc<[u8]>,
     pub(crate) shared: Arc<Shared>,
+    /// Whether the component imports `sluice:plugin/state`: it is then
+    /// served only to plugins granted state.
+    imports_state: bool,
     /// The snapshots of this module, while some configured plugin uses
     /// them: made once, not per plugin.
     snapshots: Mutex<HashMap<SnapshotKey, Weak<Snapshot>>>,
@@ -72,7 +78,8 @@ impl PluginModule {
         bytes: Arc<[u8]>,
         shared: Arc<Shared>,
     ) -> Self {
-        Self { digest, pre, linker, bytes, shared, snapshots: Mutex::new(HashMap::new()) }
+        let imports_state = pre.imports_interface("sluice:plugin/state@");
+        Self { digest, pre, linker, bytes, shared, imports_state, snapshots: Mutex::new(HashMap::new()) }
     }
 
     /// `sha256:<hex>`.
@@ -95,7 +102,16 @@ impl PluginModule {
         config: &serde_json::Value,
         limits: Limits,
         isolation: Isolation,
+        state: Option<sluice_state::Scope>,
     ) -> Result<ConfiguredPlugin, LoadError> {
+        // Refused before any of its code runs: a grant is read from the
+        // resource, never assumed.
+        if self.imports_state && state.is_none() {
+            return Err(LoadError::NotGranted(
+                "the component imports sluice:plugin/state, which its GatewayPlugin does not grant (spec.state)",
+            ));
+        }
+        let state = state.map(|scope| Arc::new(StateAccess { store: self.shared.state.clone(), scope }));
         let mut plugin = ConfiguredPlugin {
             module: self.clone(),
             name: name.into(),
@@ -108,6 +124,7 @@ impl PluginModule {
             idle: Idle::new(self.shared.memory.share_of(name)),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
+            state,
         };
         let started = Instant::now();
         let configured = loop {
@@ -164,7 +181,13 @@ impl PluginModule {
     }
 
     /// A store for one instance of this module, with its limits.
-    fn new_store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
+    fn new_store(
+        &self,
+        name: Arc<str>,
+        limits: Limits,
+        log_rate: Arc<RateLimit>,
+        state: Option<Arc<StateAccess>>,
+    ) -> Store<PluginState> {
         let shared = &self.shared;
         let state = PluginState::new(
             name,
@@ -173,6 +196,7 @@ impl PluginModule {
             log_rate,
             shared.tokens.clone(),
             shared.ticker.clone(),
+            state,
         );
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.memory);
@@ -208,8 +232,10 @@ impl Source for PluginModule {
         &self.linker
     }
 
+    /// A snapshot's store has no state: a `configure` that calls the store
+    /// is not snapshotted (it calls an import), and runs on every instance.
     fn store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
-        self.new_store(name, limits, log_rate)
+        self.new_store(name, limits, log_rate, None)
     }
 
     fn budget(&self) -> &Arc<Budget> {
@@ -274,6 +300,8 @@ pub struct ConfiguredPlugin {
     /// Microseconds its new instances have spent in `configure` for want of
     /// a snapshot.
     pub(crate) configuring_us: Arc<AtomicU64>,
+    /// Its shared state, if granted.
+    state: Option<Arc<StateAccess>>,
 }
 
 /// A configured instance and the store it lives in.
@@ -322,6 +350,14 @@ impl ConfiguredPlugin {
 
     pub fn hooks(&self) -> Hooks {
         self.hooks
+    }
+
+    /// Its shared state, if granted: the store's kind and the caps it holds
+    /// under (keys, bytes).
+    pub fn state(&self) -> Option<(&'static str, usize, usize)> {
+        let access = self.state.as_ref()?;
+        let (keys, bytes) = access.store.caps(&access.scope);
+        Some((access.store.kind(), keys, bytes))
     }
 
     pub fn isolation(&self) -> Isolation {
@@ -452,7 +488,8 @@ impl ConfiguredPlugin {
             self.configured(started.elapsed());
             return Ok(live);
         };
-        let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
+        let mut store =
+            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.state.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
         let (instance, bindings) = within(deadline, ready.pre.instantiate_with_instance(&mut store))
@@ -470,7 +507,8 @@ impl ConfiguredPlugin {
 
     /// A fresh instance of the module, which `configure` has set up.
     async fn configure_live(&self) -> Result<(Live, Hooks), Made> {
-        let mut store = self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone());
+        let mut store =
+            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.state.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
         let start = async {

@@ -16,6 +16,8 @@ pub struct PluginRequest {
     pub model: String,
     /// The route serving it, `namespace/name`.
     pub route: String,
+    /// Who the route's auth phase said the caller is, once it has ended.
+    pub consumer: Option<String>,
     pub headers: HeaderMap,
     /// Parsed once for the whole chain; written once, after it.
     pub body: ChatBody,

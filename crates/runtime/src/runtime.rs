@@ -88,6 +88,9 @@ pub struct RuntimeConfig {
     /// to make, so configuring never costs much more than the snapshot
     /// would have. 0: at the first such instance.
     pub snapshot_configure_budget: Duration,
+    /// The caps of granted plugins' shared state, each plugin's own; the
+    /// store is in-process (a Redis store shared by replicas comes next).
+    pub state_limits: sluice_state::Limits,
 }
 
 impl Default for RuntimeConfig {
@@ -113,8 +116,30 @@ impl Default for RuntimeConfig {
             // p99 latency from 1.0 to 1.6–2.3× steady; with none made, 0.9–1.2×.
             snapshot_settle: Duration::from_secs(1),
             snapshot_configure_budget: Duration::from_millis(100),
+            state_limits: sluice_state::Limits::default(),
         }
     }
+}
+
+/// How often plugins' ended windows and expired entries are dropped, for
+/// plugins that make no calls that would drop them.
+const STATE_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Sweeps the state store now and then, while the runtime lives, if there
+/// is an async runtime to do it on.
+fn sweep_state(store: &Arc<dyn sluice_state::Store>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+    let store = Arc::downgrade(store);
+    handle.spawn(async move {
+        let mut every = tokio::time::interval(STATE_SWEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let Some(store) = store.upgrade() else { return };
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            store.sweep(u64::try_from(now.as_millis()).unwrap_or(u64::MAX));
+        }
+    });
 }
 
 /// The plugin runtime could not start.
@@ -191,7 +216,9 @@ impl Runtime {
             snapshot_configure_budget: config.snapshot_configure_budget,
             ticker: EpochTicker::start(&engine),
             compiler,
+            state: Arc::new(sluice_state::MemoryStore::new(config.state_limits.clone())),
         });
+        sweep_state(&shared.state);
 
         if let Some(dir) = &config.cache_dir {
             prepare_cache_dir(dir)?;

@@ -34,7 +34,7 @@ impl Version {
 /// Adds the host side of both versions.
 pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
     use wasmtime::component::HasSelf;
-    v3::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+    v3::StatefulPlugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
     v2::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
     crate::borrowed::add_to_linker(linker)
 }
@@ -44,7 +44,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Resul
 #[derive(Clone)]
 pub(crate) enum PluginPre {
     V2(InstancePre<PluginState>, v2::PluginIndices),
-    V3(InstancePre<PluginState>, v3::PluginIndices),
+    V3(InstancePre<PluginState>, v3::StatefulPluginIndices),
 }
 
 impl PluginPre {
@@ -56,7 +56,7 @@ impl PluginPre {
                 PluginPre::V2(pre, indices)
             }
             Version::V3 => {
-                let indices = v3::PluginIndices::new(&pre)?;
+                let indices = v3::StatefulPluginIndices::new(&pre)?;
                 PluginPre::V3(pre, indices)
             }
         })
@@ -88,19 +88,27 @@ impl PluginPre {
             PluginPre::V2(pre, _) | PluginPre::V3(pre, _) => pre.engine(),
         }
     }
+
+    /// Whether the component imports an interface whose name starts with
+    /// `prefix` (e.g. `sluice:plugin/state@`, any version).
+    pub fn imports_interface(&self, prefix: &str) -> bool {
+        let (PluginPre::V2(pre, _) | PluginPre::V3(pre, _)) = self;
+        let component = pre.component();
+        component.component_type().imports(component.engine()).any(|(name, _)| name.starts_with(prefix))
+    }
 }
 
 /// An instance's exports, in its version.
 pub(crate) enum Plugin {
     V2(v2::Plugin),
-    V3(v3::Plugin),
+    V3(v3::StatefulPlugin),
 }
 
 impl Plugin {
     pub fn new(store: &mut Store<PluginState>, component: &Component, instance: &Instance) -> wasmtime::Result<Plugin> {
         Ok(match Version::of(component) {
             Version::V2 => Plugin::V2(v2::Plugin::new(store, instance)?),
-            Version::V3 => Plugin::V3(v3::Plugin::new(store, instance)?),
+            Version::V3 => Plugin::V3(v3::StatefulPlugin::new(store, instance)?),
         })
     }
 

@@ -183,6 +183,37 @@ pub struct RunArgs {
     pub backends: BackendArgs,
     #[command(flatten)]
     pub memory: MemoryArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+/// The shared state plugins granted it (`spec.state`) keep: in this
+/// process, per replica. Each plugin's keys are its own; these cap what one
+/// plugin may hold, and a grant may only lower them.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Plugin state")]
+pub struct StateArgs {
+    /// The longest key a plugin may name, in bytes.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_key_bytes)]
+    pub state_max_key_bytes: usize,
+    /// The largest value a plugin may store under one key, in bytes.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_value_bytes)]
+    pub state_max_value_bytes: usize,
+    /// Keys (counters, one per window, and entries) one plugin may hold.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_keys_per_plugin)]
+    pub state_max_keys_per_plugin: usize,
+    /// Bytes of keys and values one plugin may hold.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_bytes_per_plugin)]
+    pub state_max_bytes_per_plugin: usize,
+    /// Bytes of keys and values all plugins may hold together.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_bytes_total)]
+    pub state_max_bytes: usize,
+    /// The share of --state-max-bytes one namespace's plugins may hold
+    /// together, in percent; past it, their calls that would add are
+    /// refused, and other namespaces keep their room.
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().namespace_percent,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub state_max_bytes_namespace_percent: u8,
 }
 
 /// What routes' backends may reach, and request loops.
@@ -428,6 +459,15 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         restore_instances: args.plugin_restore_instances,
         snapshot_settle: Duration::from_millis(args.plugin_snapshot_settle_ms),
         snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
+        state_limits: sluice_runtime::sluice_state::Limits {
+            max_key_bytes: args.state.state_max_key_bytes.max(1),
+            max_value_bytes: args.state.state_max_value_bytes,
+            max_keys_per_plugin: args.state.state_max_keys_per_plugin,
+            max_bytes_per_plugin: args.state.state_max_bytes_per_plugin,
+            max_bytes_total: args.state.state_max_bytes,
+            namespace_percent: args.state.state_max_bytes_namespace_percent,
+            ..Default::default()
+        },
         guest_memory_namespace_percent: args.memory.max_guest_memory_namespace_percent,
         guest_memory_plugin_percent: args.memory.max_guest_memory_plugin_percent,
         ..Default::default()

@@ -35,6 +35,7 @@ fn add_header() -> PluginDecl {
         max_memory_bytes: 64 << 20,
         isolation: Isolation::PerRequest,
         endpoints: sluice_core::config::Endpoints::ALL,
+        state: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn plugin(name: &str, path: PathBuf, config: serde_json::Value) -> PluginDecl {
         max_memory_bytes: 64 << 20,
         isolation: Isolation::PerRequest,
         endpoints: Endpoints::ALL,
+        state: None,
     }
 }
 

@@ -42,7 +42,7 @@ async fn configure_with(
     limits: Limits,
 ) -> Result<ConfiguredPlugin, crate::LoadError> {
     let module = runtime.load(bytes, None).await.unwrap();
-    module.configure("test/plugin", config, limits, isolation).await
+    module.configure("test/plugin", config, limits, isolation, None).await
 }
 
 fn chat(headers: &[(&str, &str)], content: &str) -> PluginRequest {
