@@ -208,9 +208,13 @@ pub struct StateArgs {
     /// Bytes of keys and values all plugins may hold together.
     #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_bytes_total)]
     pub state_max_bytes: usize,
-    /// The share of --state-max-bytes one namespace's plugins may hold
-    /// together, in percent; past it, their calls that would add are
-    /// refused, and other namespaces keep their room.
+    /// Keys all plugins may hold together (each costs the store up to about
+    /// 120 bytes beyond its key and value).
+    #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().max_keys_total)]
+    pub state_max_keys: usize,
+    /// The share of --state-max-bytes and --state-max-keys one namespace's
+    /// plugins may hold together, in percent; past it, their calls that
+    /// would add are refused, and other namespaces keep their room.
     #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().namespace_percent,
           value_parser = clap::value_parser!(u8).range(1..=100))]
     pub state_max_bytes_namespace_percent: u8,
@@ -465,6 +469,7 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
             max_keys_per_plugin: args.state.state_max_keys_per_plugin,
             max_bytes_per_plugin: args.state.state_max_bytes_per_plugin,
             max_bytes_total: args.state.state_max_bytes,
+            max_keys_total: args.state.state_max_keys,
             namespace_percent: args.state.state_max_bytes_namespace_percent,
             ..Default::default()
         },

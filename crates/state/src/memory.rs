@@ -41,34 +41,51 @@ pub struct MemoryStore {
     shares: Mutex<Shares>,
 }
 
-/// The store's bytes, in total and by namespace. A call may add no more
-/// than the room left when it starts; calls on other shards that start
+/// The store's keys and bytes, in total and by namespace. A call may add no
+/// more than the room left when it starts; calls on other shards that start
 /// meanwhile see the same room, so the store can pass its total (or a
 /// namespace its share) by at most one call's growth (a value and its key,
 /// or a reserve's counters) per call running at once.
 #[derive(Default)]
 struct Shares {
-    total: usize,
-    namespaces: HashMap<Arc<str>, usize>,
+    total: Held,
+    namespaces: HashMap<Arc<str>, Held>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Held {
+    keys: usize,
+    bytes: usize,
 }
 
 impl Shares {
-    /// Bytes `namespace` may still add.
-    fn room(&self, namespace: &str, limits: &Limits) -> usize {
-        let held = self.namespaces.get(namespace).copied().unwrap_or(0);
-        let store = limits.max_bytes_total.saturating_sub(self.total);
-        store.min(limits.namespace_bytes().saturating_sub(held))
+    /// The keys and bytes `namespace` may still add.
+    fn room(&self, namespace: &str, limits: &Limits) -> Held {
+        let held = self.namespaces.get(namespace).copied().unwrap_or_default();
+        Held {
+            keys: limits
+                .max_keys_total
+                .saturating_sub(self.total.keys)
+                .min(limits.namespace_keys().saturating_sub(held.keys)),
+            bytes: limits
+                .max_bytes_total
+                .saturating_sub(self.total.bytes)
+                .min(limits.namespace_bytes().saturating_sub(held.bytes)),
+        }
     }
 
-    /// A plugin of `namespace` went from `before` to `after` bytes.
-    fn moved(&mut self, namespace: &Arc<str>, before: usize, after: usize) {
+    /// A plugin of `namespace` went from holding `before` to `after`.
+    fn moved(&mut self, namespace: &Arc<str>, before: Held, after: Held) {
         if before == after {
             return;
         }
         let held = self.namespaces.entry(Arc::clone(namespace)).or_default();
-        *held = held.saturating_add(after).saturating_sub(before);
-        self.total = self.total.saturating_add(after).saturating_sub(before);
-        if *held == 0 {
+        held.keys = held.keys.saturating_add(after.keys).saturating_sub(before.keys);
+        held.bytes = held.bytes.saturating_add(after.bytes).saturating_sub(before.bytes);
+        let total = &mut self.total;
+        total.keys = total.keys.saturating_add(after.keys).saturating_sub(before.keys);
+        total.bytes = total.bytes.saturating_add(after.bytes).saturating_sub(before.bytes);
+        if *held == Held::default() {
             self.namespaces.remove(namespace);
         }
     }
@@ -134,10 +151,12 @@ struct Entry {
 struct Caps {
     keys: usize,
     bytes: usize,
-    /// Whether `bytes` is the namespace's room, not the plugin's cap.
+    /// Whether `keys` and `bytes` are the namespace's room, not the
+    /// plugin's caps.
+    keys_are_share: bool,
     bytes_are_share: bool,
-    /// A namespace's share and the store's total, for the refusal.
-    share: (usize, usize),
+    /// A namespace's share and the store's totals, for the refusal.
+    share: (Held, Held),
 }
 
 fn counter_bytes(key: &str) -> usize {
@@ -194,17 +213,22 @@ impl MemoryStore {
             shard.sweep(now, &self.shares);
         }
         let plugin = shard.plugins.entry(id.clone()).or_default();
-        let before = plugin.bytes;
-        let room = before.saturating_add(self.shares.lock().room(&id.namespace, &self.limits));
-        let own = self.limits.max_bytes(scope);
+        let before = plugin.held();
+        let room = self.shares.lock().room(&id.namespace, &self.limits);
+        let (keys, bytes) = (self.limits.max_keys(scope), self.limits.max_bytes(scope));
+        let (keys_room, bytes_room) = (before.keys.saturating_add(room.keys), before.bytes.saturating_add(room.bytes));
         let caps = Caps {
-            keys: self.limits.max_keys(scope),
-            bytes: own.min(room),
-            bytes_are_share: room < own,
-            share: (self.limits.namespace_bytes(), self.limits.max_bytes_total),
+            keys: keys.min(keys_room),
+            bytes: bytes.min(bytes_room),
+            keys_are_share: keys_room < keys,
+            bytes_are_share: bytes_room < bytes,
+            share: (
+                Held { keys: self.limits.namespace_keys(), bytes: self.limits.namespace_bytes() },
+                Held { keys: self.limits.max_keys_total, bytes: self.limits.max_bytes_total },
+            ),
         };
         let result = call(plugin, caps);
-        let after = plugin.bytes;
+        let after = plugin.held();
         if plugin.is_empty() {
             shard.plugins.remove(&id);
         }
@@ -364,9 +388,9 @@ impl Shard {
     fn sweep(&mut self, now: u64, shares: &Mutex<Shares>) -> usize {
         let mut dropped = 0;
         self.plugins.retain(|id, plugin| {
-            let before = plugin.bytes;
+            let before = plugin.held();
             dropped += plugin.sweep(now);
-            shares.lock().moved(&id.namespace, before, plugin.bytes);
+            shares.lock().moved(&id.namespace, before, plugin.held());
             !plugin.is_empty()
         });
         dropped
@@ -374,6 +398,10 @@ impl Shard {
 }
 
 impl Plugin {
+    fn held(&self) -> Held {
+        Held { keys: self.keys, bytes: self.bytes }
+    }
+
     fn is_empty(&self) -> bool {
         self.counters.is_empty() && self.entries.is_empty()
     }
@@ -549,12 +577,15 @@ impl Plugin {
     /// A call that does not add keys (or bytes) is not refused for them,
     /// even if the plugin is past a cap (its scope's was lowered).
     fn make_room(&mut self, caps: Caps, now: u64, after: impl Fn(&Plugin) -> (usize, usize)) -> Result<(), StateError> {
+        let (share, store) = caps.share;
         let over = |plugin: &Plugin| {
             let (keys, bytes) = after(plugin);
-            if keys > plugin.keys && keys > caps.keys {
+            if keys > plugin.keys && keys > caps.keys && caps.keys_are_share {
+                Some(StateError::ShareExceeded { what: "keys", namespace: share.keys, store: store.keys })
+            } else if keys > plugin.keys && keys > caps.keys {
                 Some(StateError::TooManyKeys { max: caps.keys })
             } else if bytes > plugin.bytes && bytes > caps.bytes && caps.bytes_are_share {
-                Some(StateError::ShareExceeded { namespace: caps.share.0, store: caps.share.1 })
+                Some(StateError::ShareExceeded { what: "bytes", namespace: share.bytes, store: store.bytes })
             } else if bytes > plugin.bytes && bytes > caps.bytes {
                 Some(StateError::PluginBytesExceeded { needed: bytes, max: caps.bytes })
             } else {

@@ -635,7 +635,7 @@ fn idle_state_is_swept() {
 fn a_namespace_holds_only_its_share_of_the_store() {
     let limits = Limits { max_bytes_total: 100, namespace_percent: 50, ..Limits::default() };
     let store = MemoryStore::new(limits);
-    let share = StateError::ShareExceeded { namespace: 50, store: 100 };
+    let share = StateError::ShareExceeded { what: "bytes", namespace: 50, store: 100 };
     // Two plugins of team-a: together at most 50 bytes.
     let (first, second) = (Scope::new("team-a", "one"), Scope::new("team-a", "two"));
     ready(store.set(&first, "a", &[0; 29], 0, T0)).unwrap();
@@ -657,4 +657,21 @@ fn a_namespace_holds_only_its_share_of_the_store() {
     assert_eq!(store.sweep(T0 + 100), 1);
     ready(store.set(&first, "d", &[0; 9], 0, T0 + 100)).unwrap();
     assert_eq!(store.usage(&first).bytes + store.usage(&second).bytes, 10 + 21);
+}
+
+/// Keys cost the store's maps memory beyond their bytes: their number is
+/// shared the same way.
+#[test]
+fn a_namespace_holds_only_its_share_of_the_stores_keys() {
+    let limits = Limits { max_keys_total: 4, namespace_percent: 50, ..Limits::default() };
+    let store = MemoryStore::new(limits);
+    let (first, second) = (Scope::new("team-a", "one"), Scope::new("team-a", "two"));
+    ready(store.set(&first, "a", b"", 0, T0)).unwrap();
+    ready(store.set(&second, "b", b"", 0, T0)).unwrap();
+    let share = StateError::ShareExceeded { what: "keys", namespace: 2, store: 4 };
+    assert_eq!(ready(store.set(&second, "c", b"", 0, T0)), Err(share.clone()));
+    assert_eq!(ready(store.reserve(&first, &[check("k", fixed(60), 10, 1)], T0)).err(), Some(share));
+    let other = Scope::new("team-b", "one");
+    ready(store.set(&other, "a", b"", 0, T0)).unwrap();
+    ready(store.set(&other, "b", b"", 0, T0)).unwrap();
 }
