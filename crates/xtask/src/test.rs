@@ -11,11 +11,11 @@ use crate::{cargo, cycles, hakari, kube, otelcol, plugins, run, step};
 
 /// Debian packages the test suite needs beyond the Rust toolchain and the
 /// guest toolchains: an OCI registry and an independent client for the OCI
-/// tests, and Prometheus to scrape the gateway's /metrics. The tests run
-/// their own Prometheus on free ports, so the package's service (started on
-/// :9090 where systemd runs; denied by policy-rc.d in containers) is no
-/// matter.
-const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo", "prometheus"];
+/// tests, Prometheus to scrape the gateway's /metrics, and Redis for plugins'
+/// shared state. The tests run their own Prometheus and Redis on free ports,
+/// so the packages' services (started where systemd runs; denied by
+/// policy-rc.d in containers) are no matter.
+const TEST_PACKAGES: &[&str] = &["docker-registry", "skopeo", "prometheus", "redis-server"];
 
 /// The workspace's features, unified by crates/workspace-hack as the
 /// quickstart's build of the binary alone has them: either build reuses
