@@ -48,6 +48,7 @@ mod http;
 mod native;
 mod pattern;
 mod request;
+pub mod state;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
@@ -68,10 +69,13 @@ pub use request::Request;
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "plugin",
+        // The largest world: a plugin imports only what it calls.
+        world: "stateful-plugin",
         pub_export_macro: true,
         default_bindings_module: "::sluice_plugin_sdk::bindings",
         additional_derives: [PartialEq],
+        // It holds a resource, which has no equality.
+        additional_derives_ignore: ["reserved"],
     });
 }
 

@@ -18,6 +18,7 @@ pub(crate) struct State {
     pub path: String,
     pub model: String,
     pub route: String,
+    pub consumer: Option<String>,
     pub headers: Vec<(String, String)>,
     pub body: ChatBody,
     pub response_headers: Vec<(String, String)>,
@@ -36,6 +37,7 @@ impl NativeRequest {
             path: path.into(),
             model: model.into(),
             route: "default/chat".into(),
+            consumer: None,
             headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())).collect(),
             body: ChatBody::new(Bytes::from(body)),
             response_headers: Vec::new(),
@@ -72,6 +74,10 @@ impl NativeRequest {
 
     pub fn route(&self) -> String {
         self.call("route", None, |s| s.route.clone())
+    }
+
+    pub fn consumer(&self) -> Option<String> {
+        self.call("consumer", None, |s| s.consumer.clone())
     }
 
     pub fn header(&self, name: &str) -> Option<String> {

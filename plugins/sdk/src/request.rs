@@ -65,6 +65,14 @@ impl Request {
         self.0.route()
     }
 
+    /// Who the route's auth phase said the caller is (`key:<name>`,
+    /// `jwt:<subject>`), once that phase has ended: `None` in the auth phase
+    /// itself and on routes without one. A client cannot set it, so quotas
+    /// and caches may key on it. Needs a gateway serving 0.3.1.
+    pub fn consumer(&self) -> Option<String> {
+        self.0.consumer()
+    }
+
     /// The first value of header `name`, ignoring case.
     pub fn header(&self, name: &str) -> Option<String> {
         self.0.header(name)

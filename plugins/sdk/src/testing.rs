@@ -40,6 +40,12 @@ impl Request {
         self
     }
 
+    /// The same request, as the auth phase named its caller.
+    pub fn with_consumer(self, consumer: &str) -> Request {
+        self.0.with(|s| s.consumer = Some(consumer.to_string()));
+        self
+    }
+
     /// The body now, as JSON; panics if it is not JSON.
     pub fn body_json(&self) -> Value {
         let body = self.body_now();
