@@ -28,6 +28,7 @@ mod plugin_auth;
 mod plugin_context_trim;
 mod plugin_examples;
 mod plugin_prompts;
+mod plugin_quota;
 mod plugin_response_guard;
 mod plugin_support;
 mod plugin_versions;

@@ -84,3 +84,23 @@ async fn response_guard_example() {
     let content = reply.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert!(content.contains("<email>") && !content.contains("ann@corp"), "{content}");
 }
+
+#[tokio::test]
+async fn token_quota_allows_twenty_requests_a_minute_per_key() {
+    let (_echo, _dir, gateway) = example("token-quota").await;
+    let key = [("x-api-key", "sk-demo-0123456789abcdef")];
+    // A window may end between two requests: then all 21 pass, and a
+    // second try falls well inside the next minute.
+    for _ in 0..2 {
+        let replies: Vec<u16> = futures_util::future::join_all((0..21).map(|_| hello(&gateway, &key)))
+            .await
+            .iter()
+            .map(|r| r.status.as_u16())
+            .collect();
+        if replies.iter().filter(|s| **s == 429).count() == 1 {
+            assert_eq!(replies.iter().filter(|s| **s == 200).count(), 20, "{replies:?}");
+            return;
+        }
+    }
+    panic!("the 21st request of a minute was never refused");
+}
