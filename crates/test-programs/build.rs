@@ -17,6 +17,7 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("chaos", "chaos", "wasm32-unknown-unknown"),
     ("probe", "probe", "wasm32-unknown-unknown"),
     ("stateful", "stateful", "wasm32-unknown-unknown"),
+    ("token-quota", "token_quota", "wasm32-unknown-unknown"),
     ("hostile", "hostile", "wasm32-wasip2"),
 ];
 
@@ -33,6 +34,7 @@ fn main() {
         "prompt-decorator",
         "context-trim",
         "prompt-guard",
+        "token-quota",
         "testing",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(input).display());

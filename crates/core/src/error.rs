@@ -79,6 +79,12 @@ impl ApiError {
         Self::new(500, ErrorType::ServerError, "plugin_failed", format!("plugin {plugin} failed: {why}"))
     }
 
+    /// A plugin failed because its state store did not answer: retryable,
+    /// as the store may be back.
+    pub fn state_unavailable(plugin: &str, why: impl std::fmt::Display) -> Self {
+        Self::new(503, ErrorType::ServerError, "state_unavailable", format!("plugin {plugin} {why}; retry later"))
+    }
+
     /// A plugin answered with an error status and no body of its own.
     pub fn plugin_rejected(plugin: &str, status: u16) -> Self {
         let kind = match status {

@@ -290,6 +290,7 @@ pub fn outcome(error: &PluginError) -> Outcome {
         PluginError::Trap(_) | PluginError::ConfigRejected(_) => Outcome::Trap,
         PluginError::InvalidEdit(_) => Outcome::InvalidEdit,
         PluginError::Overloaded(_) => Outcome::Overloaded,
+        PluginError::StateUnavailable(_) => Outcome::StateUnavailable,
     }
 }
 

@@ -131,6 +131,9 @@ impl LoadedPlugin {
             return Err(ApiError::overloaded(format!("plugin {} {error}", self.name())));
         }
         match self.decl.failure_policy {
+            FailurePolicy::Closed if matches!(error, PluginError::StateUnavailable(_)) => {
+                Err(ApiError::state_unavailable(self.name(), error))
+            }
             FailurePolicy::Closed => Err(ApiError::plugin_failed(self.name(), error)),
             FailurePolicy::Open => {
                 tracing::warn!(plugin = self.name(), %error, "plugin failed; skipped (failurePolicy: Open)");

@@ -24,6 +24,7 @@ pub(crate) fn arm(store: &mut Store<PluginState>, timeout: Duration) -> Instant 
     state.deadline = deadline;
     state.ticked = false;
     state.memory.refused = None;
+    state.state_failed = None;
     store.set_epoch_deadline(1);
     deadline
 }
@@ -53,7 +54,11 @@ pub(crate) async fn within<T>(
 
 pub(crate) fn classify(store: &Store<PluginState>, error: wasmtime::Error, timeout: Duration) -> PluginError {
     let memory = &store.data().memory;
-    if error.downcast_ref::<DeadlineExceeded>().is_some() {
+    if let Some(why) = &store.data().state_failed {
+        // Whatever it failed on then (a trap, its deadline), the store
+        // failed first.
+        PluginError::StateUnavailable(why.clone())
+    } else if error.downcast_ref::<DeadlineExceeded>().is_some() {
         PluginError::Timeout(timeout)
     } else if memory.refused == Some(Refused::Plugin) {
         PluginError::MemoryLimit(memory.max_bytes)

@@ -45,6 +45,9 @@ pub(crate) struct PluginState {
     pub request_id: Option<Arc<str>>,
     /// The plugin's shared state, if granted.
     pub(crate) state: Option<Arc<crate::state::StateAccess>>,
+    /// Why a state call of the current call into the guest found the store
+    /// unavailable, if one did: a failure that follows is the store's.
+    pub(crate) state_failed: Option<String>,
 }
 
 impl PluginState {
@@ -71,6 +74,7 @@ impl PluginState {
             serving: None,
             request_id: None,
             state,
+            state_failed: None,
         }
     }
 }

@@ -40,7 +40,7 @@ pub use bindings::{
 };
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use request::PluginRequest;
-pub use runtime::{Runtime, RuntimeConfig, StartError};
+pub use runtime::{Runtime, RuntimeConfig, StartError, StateStore};
 pub use sluice_state;
 
 use std::time::Duration;
@@ -67,6 +67,11 @@ pub enum PluginError {
     /// skipped because the gateway is busy).
     #[error("is at capacity: {0}")]
     Overloaded(String),
+    /// It failed after its state store did not answer (down, or slower
+    /// than its deadline): the store's failure, not the plugin's code, so
+    /// `Closed` answers 503 rather than 500.
+    #[error("failed: its state store is unavailable: {0}")]
+    StateUnavailable(String),
 }
 
 /// A plugin version could not be made ready to serve.

@@ -88,9 +88,21 @@ pub struct RuntimeConfig {
     /// to make, so configuring never costs much more than the snapshot
     /// would have. 0: at the first such instance.
     pub snapshot_configure_budget: Duration,
-    /// The caps of granted plugins' shared state, each plugin's own; the
-    /// store is in-process (a Redis store shared by replicas comes next).
+    /// The caps of the in-process store granted plugins' shared state lives
+    /// in, unless `state_store` names another.
     pub state_limits: sluice_state::Limits,
+    /// Where granted plugins' shared state lives: by default in process.
+    pub state_store: Option<StateStore>,
+}
+
+/// A state store for the runtime's plugins (Redis, shared by replicas).
+#[derive(Clone)]
+pub struct StateStore(pub Arc<dyn sluice_state::Store>);
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StateStore({})", self.0.kind())
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -117,6 +129,7 @@ impl Default for RuntimeConfig {
             snapshot_settle: Duration::from_secs(1),
             snapshot_configure_budget: Duration::from_millis(100),
             state_limits: sluice_state::Limits::default(),
+            state_store: None,
         }
     }
 }
@@ -216,7 +229,10 @@ impl Runtime {
             snapshot_configure_budget: config.snapshot_configure_budget,
             ticker: EpochTicker::start(&engine),
             compiler,
-            state: Arc::new(sluice_state::MemoryStore::new(config.state_limits.clone())),
+            state: match &config.state_store {
+                Some(StateStore(store)) => store.clone(),
+                None => Arc::new(sluice_state::MemoryStore::new(config.state_limits.clone())),
+            },
         });
         sweep_state(&shared.state);
 

@@ -82,6 +82,17 @@ async fn bounded<T>(
     }
 }
 
+impl PluginState {
+    /// Notes a store that did not answer, so a failure that follows in this
+    /// call is put down to the store; gives the result back.
+    fn noted<T>(&mut self, result: Result<T, wit::StateError>) -> Result<T, wit::StateError> {
+        if let Err(wit::StateError::Unavailable(why)) = &result {
+            self.state_failed.get_or_insert_with(|| why.clone());
+        }
+        result
+    }
+}
+
 macro_rules! access_or_return {
     ($state:expr) => {
         match access($state) {
@@ -99,7 +110,7 @@ impl wit::Host for PluginState {
             .map(|c| Check { key: c.key, window: window(c.window), limit: c.limit, amount: c.amount })
             .collect();
         let reserved = bounded(self.deadline, access.store.reserve(&access.scope, &checks, now_unix_ms())).await;
-        Ok(match reserved {
+        Ok(match self.noted(reserved) {
             Ok(Reserved::Granted { ticket, standings: after }) => {
                 let handle = self.table.push(Reservation { ticket: Some(ticket) })?;
                 Ok(wit::Reserved::Granted((handle, standings(after))))
@@ -113,12 +124,14 @@ impl wit::Host for PluginState {
 
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, wit::StateError>> {
         let access = access_or_return!(self);
-        Ok(bounded(self.deadline, access.store.get(&access.scope, &key, now_unix_ms())).await)
+        let result = bounded(self.deadline, access.store.get(&access.scope, &key, now_unix_ms())).await;
+        Ok(self.noted(result))
     }
 
     async fn set(&mut self, key: String, value: Vec<u8>, ttl_ms: u64) -> wasmtime::Result<Result<(), wit::StateError>> {
         let access = access_or_return!(self);
-        Ok(bounded(self.deadline, access.store.set(&access.scope, &key, &value, ttl_ms, now_unix_ms())).await)
+        let result = bounded(self.deadline, access.store.set(&access.scope, &key, &value, ttl_ms, now_unix_ms())).await;
+        Ok(self.noted(result))
     }
 
     async fn compare_and_set(
@@ -131,12 +144,14 @@ impl wit::Host for PluginState {
         let access = access_or_return!(self);
         let now = now_unix_ms();
         let call = access.store.compare_and_set(&access.scope, &key, expected.as_deref(), &value, ttl_ms, now);
-        Ok(bounded(self.deadline, call).await)
+        let result = bounded(self.deadline, call).await;
+        Ok(self.noted(result))
     }
 
     async fn delete(&mut self, key: String) -> wasmtime::Result<Result<bool, wit::StateError>> {
         let access = access_or_return!(self);
-        Ok(bounded(self.deadline, access.store.delete(&access.scope, &key, now_unix_ms())).await)
+        let result = bounded(self.deadline, access.store.delete(&access.scope, &key, now_unix_ms())).await;
+        Ok(self.noted(result))
     }
 }
 
@@ -151,7 +166,8 @@ impl wit::HostReservation for PluginState {
         let Some(ticket) = self.table.get_mut(&this)?.ticket.take() else {
             return Ok(Err(wit::StateError::Refused(SETTLED.into())));
         };
-        Ok(bounded(self.deadline, access.store.commit(&access.scope, ticket, &actual)).await)
+        let result = bounded(self.deadline, access.store.commit(&access.scope, ticket, &actual)).await;
+        Ok(self.noted(result))
     }
 
     async fn release(&mut self, this: Resource<Reservation>) -> wasmtime::Result<Result<(), wit::StateError>> {
@@ -159,7 +175,8 @@ impl wit::HostReservation for PluginState {
         let Some(ticket) = self.table.get_mut(&this)?.ticket.take() else {
             return Ok(Err(wit::StateError::Refused(SETTLED.into())));
         };
-        Ok(bounded(self.deadline, access.store.release(&access.scope, ticket)).await)
+        let result = bounded(self.deadline, access.store.release(&access.scope, ticket)).await;
+        Ok(self.noted(result))
     }
 
     async fn drop(&mut self, this: Resource<Reservation>) -> wasmtime::Result<()> {
@@ -168,3 +185,6 @@ impl wit::HostReservation for PluginState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -118,6 +118,8 @@ pub enum Outcome {
     InvalidEdit,
     /// No instance could be had: the plugin did not run.
     Overloaded,
+    /// It failed after its state store did not answer.
+    StateUnavailable,
 }
 
 impl Outcome {
@@ -130,6 +132,7 @@ impl Outcome {
             Outcome::MemoryLimit => "memory_limit",
             Outcome::InvalidEdit => "invalid_edit",
             Outcome::Overloaded => "overloaded",
+            Outcome::StateUnavailable => "state_unavailable",
         }
     }
 
