@@ -25,9 +25,10 @@ pub struct PluginId {
 }
 
 const HOOKS: usize = 5;
-const OUTCOMES: usize = 7;
-// The arrays above are indexed by these enums.
-const _: () = assert!(Hook::ResponseEnd as usize + 1 == HOOKS && Outcome::Overloaded as usize + 1 == OUTCOMES);
+const OUTCOMES: usize = 8;
+// The arrays above are indexed by these enums: each one's last variant (a
+// new variant goes last) must be the array's last index.
+const _: () = assert!(Hook::ResponseEnd as usize + 1 == HOOKS && Outcome::StateUnavailable as usize + 1 == OUTCOMES);
 
 #[derive(Debug)]
 struct HookMetrics {
@@ -118,7 +119,8 @@ pub enum Outcome {
     InvalidEdit,
     /// No instance could be had: the plugin did not run.
     Overloaded,
-    /// It failed after its state store did not answer.
+    /// It failed after its state store did not answer. The last variant:
+    /// `OUTCOMES` counts them.
     StateUnavailable,
 }
 
