@@ -4,21 +4,26 @@
 //!
 //! Every call names the plugin's [`Scope`]; a store keeps each scope's keys
 //! apart whatever key a plugin asks for. [`Store`] is what the runtime holds
-//! (`Arc<dyn Store>`): [`MemoryStore`] in-process, for one replica; a store
-//! shared by replicas (Redis) implements the same trait, naming buckets by
-//! the same indexes ([`Window::bucket`]) and keys by [`redis_key`].
+//! (`Arc<dyn Store>`): [`MemoryStore`] in-process, for one replica;
+//! [`RedisStore`], shared by replicas, implements the same trait, naming
+//! buckets by the same indexes ([`Window::bucket`]) and keys by
+//! [`redis_key`].
 //!
 //! Stores read no clock: every call that needs the time is given it, so
 //! replicas agree on buckets by their clocks alone and tests are exact.
 
 pub mod keys;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod window;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisConfig, RedisStore};
 pub use keys::{KeyKind, redis_key};
 pub use memory::{MemoryStore, Usage};
 pub use window::{Bucket, Buckets, MAX_UNIX_MS, MAX_WINDOW_SECONDS, Window};
