@@ -30,6 +30,7 @@ mod plugin_examples;
 mod plugin_prompts;
 mod plugin_quota;
 mod plugin_response_guard;
+mod plugin_state_redis;
 mod plugin_support;
 mod plugin_versions;
 // Plugins that attack the host: expensive host calls, blocking WASI calls,

@@ -11,6 +11,7 @@ mod http;
 mod kube;
 mod otelcol;
 mod prometheus;
+mod redis;
 mod registry;
 mod tls;
 
@@ -24,6 +25,7 @@ pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events, stream_on_
 pub use kube::KubeCluster;
 pub use otelcol::{Collector, MetricPoint, Span};
 pub use prometheus::{Prometheus, Sample};
+pub use redis::Redis;
 pub use registry::Registry;
 pub use sluice_echo::{EchoOptions, Script, Step};
 pub use tls::{Handshake, Issued, TestCa, TlsOptions, TlsUpstream};

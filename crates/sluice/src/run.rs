@@ -218,6 +218,65 @@ pub struct StateArgs {
     #[arg(long, default_value_t = sluice_runtime::sluice_state::Limits::default().namespace_percent,
           value_parser = clap::value_parser!(u8).range(1..=100))]
     pub state_max_bytes_namespace_percent: u8,
+    /// Keep plugins' state in this Redis (`redis://HOST:PORT[/DB]`, or
+    /// `rediss://` for TLS), shared by every replica, instead of in this
+    /// process. A Redis that is down does not stop the gateway: plugins'
+    /// state calls fail as unavailable (their failure policy decides) until
+    /// it answers. Sentinel and Cluster: docs/plugin-interface.md.
+    #[arg(long, value_name = "URL", env = "SLUICE_STATE_REDIS_URL")]
+    pub state_redis_url: Option<String>,
+    /// The Redis ACL user, if not `default`.
+    #[arg(long, value_name = "USER", env = "SLUICE_STATE_REDIS_USERNAME")]
+    pub state_redis_username: Option<String>,
+    /// A file holding the Redis password (a mounted Secret); or set
+    /// SLUICE_STATE_REDIS_PASSWORD. Never a flag: a flag's value shows in
+    /// the process list.
+    #[arg(long, value_name = "FILE")]
+    pub state_redis_password_file: Option<PathBuf>,
+    /// How long one Redis call may take before it is given up (it is
+    /// bounded by the calling plugin's deadline too).
+    #[arg(long, default_value_t = 500)]
+    pub state_redis_timeout_ms: u64,
+}
+
+impl StateArgs {
+    fn limits(&self) -> sluice_runtime::sluice_state::Limits {
+        sluice_runtime::sluice_state::Limits {
+            max_key_bytes: self.state_max_key_bytes.max(1),
+            max_value_bytes: self.state_max_value_bytes,
+            max_keys_per_plugin: self.state_max_keys_per_plugin,
+            max_bytes_per_plugin: self.state_max_bytes_per_plugin,
+            max_bytes_total: self.state_max_bytes,
+            max_keys_total: self.state_max_keys,
+            namespace_percent: self.state_max_bytes_namespace_percent,
+            ..Default::default()
+        }
+    }
+
+    /// The Redis store, if one is named: only a URL that cannot be used, or
+    /// a password file that cannot be read, stops the start.
+    async fn redis(&self) -> anyhow::Result<Option<sluice_runtime::StateStore>> {
+        use sluice_runtime::sluice_state::{RedisConfig, RedisStore};
+        let Some(url) = &self.state_redis_url else { return Ok(None) };
+        let password = match &self.state_redis_password_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --state-redis-password-file {}", path.display()))?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string(),
+            ),
+            None => std::env::var("SLUICE_STATE_REDIS_PASSWORD").ok(),
+        };
+        let config = RedisConfig {
+            username: self.state_redis_username.clone(),
+            password,
+            response_timeout: Duration::from_millis(self.state_redis_timeout_ms.max(1)),
+            limits: self.limits(),
+            ..RedisConfig::new(url.clone())
+        };
+        let store = RedisStore::connect(config).await.map_err(|e| anyhow::anyhow!("--state-redis-url: {e}"))?;
+        Ok(Some(sluice_runtime::StateStore(Arc::new(store))))
+    }
 }
 
 /// What routes' backends may reach, and request loops.
@@ -383,7 +442,8 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         interval: telemetry.otlp_metrics_interval_seconds.map(Duration::from_secs),
     })
     .context("setting up OTLP metrics")?;
-    let gateway = build_gateway(&args)?;
+    let state_store = args.state.redis().await?;
+    let gateway = build_gateway(&args, state_store)?;
     if let Some(push) = &metrics_push {
         let gateway = Arc::downgrade(&gateway);
         push.refresh_before_push(move || {
@@ -449,7 +509,7 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()> + Send + 'sta
     Ok(())
 }
 
-fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
+fn build_gateway(args: &RunArgs, state_store: Option<sluice_runtime::StateStore>) -> anyhow::Result<Arc<Gateway>> {
     let cache_dir = args.cache_dir.clone().or_else(|| crate::default_cache_dir("compiled"));
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir,
@@ -463,16 +523,8 @@ fn build_gateway(args: &RunArgs) -> anyhow::Result<Arc<Gateway>> {
         restore_instances: args.plugin_restore_instances,
         snapshot_settle: Duration::from_millis(args.plugin_snapshot_settle_ms),
         snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
-        state_limits: sluice_runtime::sluice_state::Limits {
-            max_key_bytes: args.state.state_max_key_bytes.max(1),
-            max_value_bytes: args.state.state_max_value_bytes,
-            max_keys_per_plugin: args.state.state_max_keys_per_plugin,
-            max_bytes_per_plugin: args.state.state_max_bytes_per_plugin,
-            max_bytes_total: args.state.state_max_bytes,
-            max_keys_total: args.state.state_max_keys,
-            namespace_percent: args.state.state_max_bytes_namespace_percent,
-            ..Default::default()
-        },
+        state_limits: args.state.limits(),
+        state_store,
         guest_memory_namespace_percent: args.memory.max_guest_memory_namespace_percent,
         guest_memory_plugin_percent: args.memory.max_guest_memory_plugin_percent,
         ..Default::default()
