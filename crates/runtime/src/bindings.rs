@@ -24,7 +24,7 @@ pub(crate) mod v3 {
         exports: { default: async },
         with: {
             "sluice:plugin/types.request": crate::request::PluginRequest,
-            "sluice:plugin/state.reservation": crate::state::Reservation,
+            "sluice:plugin/state.reservation": crate::granted::Reservation,
         },
     });
 }

@@ -44,7 +44,7 @@ pub(crate) struct PluginState {
     /// The request the instance serves now, for attributing log lines.
     pub request_id: Option<Arc<str>>,
     /// The plugin's shared state, if granted.
-    pub(crate) state: Option<Arc<crate::state::StateAccess>>,
+    pub(crate) state: Option<Arc<crate::granted::StateAccess>>,
     /// Why a state call of the current call into the guest found the store
     /// unavailable, if one did: a failure that follows is the store's.
     pub(crate) state_failed: Option<String>,
@@ -58,7 +58,7 @@ impl PluginState {
         log_rate: Arc<RateLimit>,
         tokens: TokenCounter,
         ticker: Arc<EpochTicker>,
-        state: Option<Arc<crate::state::StateAccess>>,
+        state: Option<Arc<crate::granted::StateAccess>>,
     ) -> Self {
         let memory = MemoryLimiter::new(max_memory_bytes, budget, &plugin);
         Self {

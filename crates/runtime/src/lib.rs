@@ -21,6 +21,7 @@ mod compiler;
 mod crypto;
 mod deadline;
 mod epoch;
+mod granted;
 mod guest_log;
 pub mod headers;
 mod host;

@@ -15,13 +15,13 @@ use crate::compiler::Compiler;
 pub use crate::deadline::Limits;
 use crate::deadline::{arm, classify, within};
 use crate::epoch::EpochTicker;
+use crate::granted::StateAccess;
 use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
 use crate::memory::{GuestMemory, IdlePool, PluginShare};
 use crate::request::PluginRequest;
 use crate::snapshot::{Budget, Snapshot, Source};
-use crate::state::StateAccess;
 use crate::versions::{Plugin, PluginPre};
 use crate::{LoadError, PluginError};
 

@@ -7,25 +7,12 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluice_state::{Check, Reserved, Scope, StateError, Store, Ticket, Window};
+use sluice_state::{Check, Reserved, StateError, Window};
 use wasmtime::component::Resource;
 
 use crate::bindings::v3::sluice::plugin::state as wit;
+use crate::granted::{Reservation, StateAccess};
 use crate::host::PluginState;
-
-/// What a granted plugin's instances reach: the gateway's store, under the
-/// plugin's scope.
-#[derive(Clone)]
-pub struct StateAccess {
-    pub store: Arc<dyn Store>,
-    pub scope: Scope,
-}
-
-/// What a granted `reserve` added, until committed or released. Dropped
-/// without either, it stays counted (see the WIT).
-pub struct Reservation {
-    ticket: Option<Ticket>,
-}
 
 const NOT_GRANTED: &str = "sluice:plugin/state is not granted to this plugin";
 const SETTLED: &str = "this reservation was already committed or released";
