@@ -104,3 +104,14 @@ async fn token_quota_allows_twenty_requests_a_minute_per_key() {
     }
     panic!("the 21st request of a minute was never refused");
 }
+
+#[tokio::test]
+async fn response_cache_example() {
+    let (_echo, _dir, gateway) = example("response-cache").await;
+    let key = [("x-api-key", "sk-demo-0123456789abcdef")];
+    let first = hello(&gateway, &key).await;
+    assert_eq!(first.header("x-sluice-cache"), Some("miss"), "{}", first.text());
+    let again = hello(&gateway, &key).await;
+    assert_eq!(again.header("x-sluice-cache"), Some("hit"), "{}", again.text());
+    assert_eq!(again.json(), first.json());
+}

@@ -8,19 +8,21 @@ use serde_json::{Value, json};
 use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Redis, Reply, Route, documents, eventually};
 
 /// Two routes through token-quota (10 requests an hour, for everyone),
-/// one failing closed and one open, and one through the `stateful` test
-/// plugin.
+/// one failing closed and one open, one through the `stateful` test plugin
+/// and one through response-cache (shared by the route's callers).
 fn config(echo: &Echo) -> ConfigDir {
     let rules = json!({"rules": [{"name": "rph", "counts": "requests", "limit": 10, "window": {"fixed": 3600}}]});
     let plugins = [
         Plugin::new("quota", "token-quota").config(rules.clone()).state(json!({})).timeout_ms(1000),
         Plugin::new("quota-open", "token-quota").config(rules).state(json!({})).timeout_ms(1000).fail_open(),
         Plugin::new("stateful", "stateful").state(json!({})).timeout_ms(1000),
+        Plugin::new("cache", "response-cache").config(json!({"scope": "route"})).state(json!({})).timeout_ms(1000),
     ];
     let routes = [
         Route::new("closed", &["closed"], &echo.url()).plugins(&["quota"]),
         Route::new("open", &["open"], &echo.url()).plugins(&["quota-open"]),
         Route::new("kv", &["kv"], &echo.url()).plugins(&["stateful"]),
+        Route::new("cached", &["cached"], &echo.url()).plugins(&["cache"]),
     ];
     let dir = ConfigDir::new();
     let mut docs: Vec<String> = plugins.iter().map(Plugin::yaml).collect();
@@ -62,15 +64,21 @@ async fn two_replicas_share_one_quota_and_one_cache() {
     assert_eq!(set.header("x-state-done"), Some("set"), "{}", set.text());
     let got = chat(&b, "kv", &[("x-state-get", "answer")]).await;
     assert_eq!(got.header("x-state-value"), Some("42"), "{}", got.text());
+    // response-cache: an answer kept through one replica is a hit on the
+    // other.
+    let first = chat(&a, "cached", &[]).await;
+    assert_eq!(first.header("x-sluice-cache"), Some("miss"), "{}", first.text());
+    let second = chat(&b, "cached", &[]).await;
+    assert_eq!(second.header("x-sluice-cache"), Some("hit"), "{}", second.text());
+    assert_eq!(second.json(), first.json());
     // Every key a plugin wrote is under its own hash tag, so in one
     // Cluster slot.
     let keys = redis.command(&["KEYS", "sluice:*"]);
     assert!(keys.contains("sluice:{default/stateful}:e:answer"), "{keys}");
     let names: Vec<&str> = keys.lines().filter(|line| line.starts_with("sluice:")).collect();
-    assert!(
-        names.iter().all(|k| k.starts_with("sluice:{default/stateful}:") || k.starts_with("sluice:{default/quota}:")),
-        "{keys}"
-    );
+    let plugins = ["stateful", "quota", "cache"];
+    let under_its_tag = |k: &&str| plugins.iter().any(|p| k.starts_with(&format!("sluice:{{default/{p}}}:")));
+    assert!(names.iter().all(under_its_tag), "{keys}");
 }
 
 /// Redis killed mid-load: a plugin failing closed answers a retryable 503
