@@ -210,6 +210,24 @@ pub const SYSTEMS: &[System] = &[
         work: CHAIN,
     },
     System {
+        name: "sluice-chain-quota",
+        about: "`sluice-chain` + token-quota (requests and tokens per consumer) on the in-process state store",
+        kind: Kind::Sluice("tests/bench/sluice/chain-quota.yaml.tmpl", PER_REQUEST),
+        work: CHAIN,
+    },
+    System {
+        name: "sluice-chain-quota-redis",
+        about: "`sluice-chain-quota` with its state in Redis on loopback (Redis's CPU not counted, as on another host)",
+        kind: Kind::SluiceObserved("tests/bench/sluice/chain-quota.yaml.tmpl", PER_REQUEST, Observe::Redis),
+        work: CHAIN,
+    },
+    System {
+        name: "sluice-cache-hit",
+        about: "Sluice with auth (API key) + response-cache, every measured request a hit (in-process store)",
+        kind: Kind::Sluice("tests/bench/sluice/cache.yaml.tmpl", PER_REQUEST),
+        work: CHAIN,
+    },
+    System {
         name: "sluice-jwt",
         about: "Sluice with the auth plugin alone, checking an RS256 JWT (verified by the gateway, natively), \
                 a fresh instance per request",
@@ -280,6 +298,10 @@ pub enum Observe {
     /// The access log, and a trace of every request sent over OTLP/gRPC to
     /// an OpenTelemetry Collector on loopback (the one the tests build).
     Traced,
+    /// Plugins' state in a Redis (Debian's `redis-server`) on loopback,
+    /// pinned to the load's core: like a Redis on another host, its CPU is
+    /// not the gateway's.
+    Redis,
 }
 
 /// A started system: where to send requests, and its processes (none for
@@ -397,6 +419,11 @@ impl System {
                 match self.kind {
                     Kind::SluiceObserved(_, _, Observe::Quiet) => {
                         cmd.arg("--access-log=false");
+                    }
+                    Kind::SluiceObserved(_, _, Observe::Redis) => {
+                        let (redis, url) = start_redis(dir)?;
+                        beside = Some(redis);
+                        cmd.arg("--state-redis-url").arg(url);
                     }
                     Kind::SluiceObserved(_, _, Observe::Traced) => {
                         let (collector, endpoint) = start_collector(dir)?;
@@ -535,6 +562,19 @@ pub fn pinned(core: u32, program: impl AsRef<OsStr>) -> Command {
 
 /// The OpenTelemetry Collector the tests build (OTLP in, spans to a file in
 /// `dir`), on a free loopback port; returns it and its gRPC endpoint.
+/// A Redis with no persistence on a free loopback port, on core 1 (the
+/// load's), for plugins' state.
+fn start_redis(dir: &Path) -> Result<(Running, String)> {
+    let addr = process::free_local_addr()?;
+    let mut cmd = pinned(1, "redis-server");
+    cmd.args(["--bind", "127.0.0.1", "--port", &addr.port().to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir);
+    let mut redis = Running::spawn("redis-server", cmd, &dir.join("redis.log"))?;
+    process::wait_for_listener(addr, &mut [&mut redis], READY_TIMEOUT)?;
+    Ok((redis, format!("redis://{addr}")))
+}
+
 fn start_collector(dir: &Path) -> Result<(Running, String)> {
     let binary = crate::otelcol::ensure()?;
     let grpc = process::free_local_addr()?;
