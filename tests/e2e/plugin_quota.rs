@@ -92,12 +92,15 @@ async fn a_stream_commits_the_usage_it_reported() {
         .find_map(|event| event["usage"]["total_tokens"].as_u64())
         .unwrap_or_else(|| panic!("no usage in the stream: {text}"));
     // The commit lands when the stream has ended, just after its last byte.
+    let next = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1});
+    // Its own estimate: its body's bytes, 4 + 3 of chat format, 1 of output.
+    let mut sent = next.clone();
+    sent["model"] = "gpt-4o-mini".into();
+    let next_estimate = sent.to_string().len() as u64 + 7 + 1;
     let left = sluice_tests::eventually("the stream's commit", Duration::from_secs(5), async || {
-        let next =
-            chat(&gateway, KEY_A, json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})).await;
-        let left: u64 = next.header("x-ratelimit-remaining-tokens")?.parse().ok()?;
-        // The next one's own estimate: 1 token of text, 4 + 3 of format, 1 of output.
-        (left == 100000 - usage - 9).then_some(left)
+        let reply = chat(&gateway, KEY_A, next.clone()).await;
+        let left: u64 = reply.header("x-ratelimit-remaining-tokens")?.parse().ok()?;
+        (left == 100000 - usage - next_estimate).then_some(left)
     })
     .await;
     assert!(left > estimate_left, "the estimate was given back: {left} against {estimate_left}");

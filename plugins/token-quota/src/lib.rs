@@ -3,9 +3,11 @@
 //! GatewayPlugin needs `state: {}`).
 //!
 //! Each request reserves, in one atomic call for all the rules that apply,
-//! an estimate: its input tokens counted by the gateway plus the output it
-//! asks for (`max_completion_tokens`/`max_tokens`, else
-//! `defaultMaxTokens`). A rule that would pass its limit refuses the
+//! an estimate: its body's size in bytes as the input (no token is shorter
+//! than a byte) plus the output it asks for (`max_completion_tokens`/
+//! `max_tokens`, else `defaultMaxTokens`). Only a request that estimate
+//! would refuse has its input counted exactly by the gateway, and is tried
+//! once more. A rule that would pass its limit refuses the
 //! request with OpenAI's 429 (`rate_limit_exceeded`, `retry-after`, the
 //! `x-ratelimit-*` headers) and nothing is counted. When the response ends,
 //! the reservation is committed with the usage the upstream reported; a
@@ -19,7 +21,7 @@
 //! excess.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sluice_plugin_sdk::ModelPattern;
 use sluice_plugin_sdk::prelude::*;
 use sluice_plugin_sdk::state::{self, Check, Reservation, Reserved, Standing, StateError, Window};
@@ -43,6 +45,12 @@ struct Config {
     /// The output a request that names no limit is assumed to ask for.
     #[serde(default = "default_max_tokens")]
     default_max_tokens: u64,
+    /// Ends a stream once its output passes this many tokens (counted by
+    /// the gateway as the events go by), with an OpenAI-shaped error event
+    /// and `[DONE]`: never a dropped connection. Responses that are not
+    /// streamed are not cut.
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
 }
 
 fn default_max_tokens() -> u64 {
@@ -161,6 +169,12 @@ struct Pending {
     reservation: Option<Reservation>,
     /// The rules it was made for, by index into the config, in order.
     rules: Vec<usize>,
+    /// The request's model, estimate, and the output streamed so far.
+    model: String,
+    estimate: Tokens,
+    streamed_output: u64,
+    /// Whether the stream was ended at `maxOutputTokens`.
+    cut: bool,
 }
 
 impl Plugin for TokenQuota {
@@ -196,46 +210,72 @@ impl Plugin for TokenQuota {
     }
 
     fn hooks(&self) -> Hooks {
-        Hooks::REQUEST | Hooks::RESPONSE_END
+        // Streams go event by event only where a cap needs to see them.
+        let chunks = if self.config.max_output_tokens.is_some() { Hooks::RESPONSE_CHUNK } else { Hooks::empty() };
+        Hooks::REQUEST | Hooks::RESPONSE_END | chunks
+    }
+
+    fn on_chunk(&self, data: &str, pending: &mut Pending) -> ChunkAction {
+        let Some(cap) = self.config.max_output_tokens else { return ChunkAction::Pass };
+        if pending.cut {
+            return ChunkAction::Drop;
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else { return ChunkAction::Pass };
+        let text: u64 = chunk["choices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|choice| choice["delta"]["content"].as_str())
+            .map(|text| u64::from(host::count_tokens(&pending.model, text)))
+            .sum();
+        pending.streamed_output = pending.streamed_output.saturating_add(text);
+        if pending.streamed_output <= cap {
+            return ChunkAction::Pass;
+        }
+        pending.cut = true;
+        let error = json!({"error": {
+            "message": format!("The response passed this route's limit of {cap} output tokens and was ended."),
+            "type": "tokens", "param": null, "code": "output_limit_exceeded"}});
+        ChunkAction::Stop(Some(error.to_string()))
     }
 
     fn on_request(&self, req: &Request, pending: &mut Pending) -> Result<Action, ApiError> {
         let (model, consumer) = (req.model(), req.consumer());
-        let rules: Vec<usize> =
-            (0..self.config.rules.len()).filter(|&i| self.config.rules[i].applies(&model, consumer.as_deref())).collect();
+        // The cap counts a stream's output whatever the rules.
+        *pending = Pending { model: model.clone(), ..Pending::default() };
+        let rules: Vec<usize> = (0..self.config.rules.len())
+            .filter(|&i| self.config.rules[i].applies(&model, consumer.as_deref()))
+            .collect();
         if rules.is_empty() {
             return Ok(Action::Continue);
         }
         let counts_tokens = rules.iter().any(|&i| !self.config.rules[i].counts.is_requests());
-        let estimate = if counts_tokens { self.estimate(req, &model)? } else { Tokens::default() };
-        let checks: Vec<Check> = rules
-            .iter()
-            .map(|&i| {
-                let rule = &self.config.rules[i];
-                Check {
-                    key: rule.key(req, &model, consumer.as_deref()),
-                    window: rule.window.into(),
-                    // In shadow mode nothing is refused: the real limit is
-                    // compared after.
-                    limit: if self.config.shadow { u64::MAX } else { rule.limit },
-                    amount: rule.counts.amount(rule.weights, estimate),
-                }
-            })
-            .collect();
-        match state::reserve(&checks).unwrap_or_else(|e| failed(&e)) {
+        // First the body's size as the input: no token in it is shorter
+        // than a byte, so it never undercounts, and counting costs nothing.
+        // Only a request it would refuse is counted exactly, and tried once
+        // more: a request near a limit pays for the count, no other does.
+        let mut estimate = if counts_tokens { self.estimate(req, false)? } else { Tokens::default() };
+        let keys: Vec<String> =
+            rules.iter().map(|&i| self.config.rules[i].key(req, &model, consumer.as_deref())).collect();
+        let mut reserved = state::reserve(&self.checks(&rules, &keys, estimate)).unwrap_or_else(|e| failed(&e));
+        if counts_tokens && matches!(reserved, Reserved::Refused { .. }) {
+            let exact = self.estimate(req, true)?;
+            if exact.input < estimate.input {
+                estimate = exact;
+                reserved = state::reserve(&self.checks(&rules, &keys, estimate)).unwrap_or_else(|e| failed(&e));
+            }
+        }
+        match reserved {
             Reserved::Granted(reservation, standings) => {
-                let rules_and_standings: Vec<(&Rule, Standing)> = rules
-                    .iter()
-                    .zip(standings)
-                    .map(|(&i, s)| (&self.config.rules[i], self.real(i, s)))
-                    .collect();
+                let rules_and_standings: Vec<(&Rule, Standing)> =
+                    rules.iter().zip(standings).map(|(&i, s)| (&self.config.rules[i], self.real(i, s))).collect();
                 if self.config.shadow {
                     self.report_shadow(req, &rules_and_standings);
                 }
                 for (name, value) in rate_limit_headers(&rules_and_standings, now_ms()) {
                     req.set_response_header(&name, &value);
                 }
-                *pending = Pending { reservation: Some(reservation), rules };
+                *pending = Pending { reservation: Some(reservation), rules, model, estimate, ..Pending::default() };
                 Ok(Action::Continue)
             }
             Reserved::Refused { tightest, standings } => {
@@ -250,6 +290,9 @@ impl Plugin for TokenQuota {
         let Some(reservation) = pending.reservation.take() else { return };
         let actual = match summary.usage {
             Some(usage) => Tokens { input: usage.prompt_tokens.into(), output: usage.completion_tokens.into() },
+            // Ended at the cap: what was streamed, with the estimated input
+            // (the upstream's usage came after the end, if at all).
+            None if pending.cut => Tokens { input: pending.estimate.input, output: pending.streamed_output },
             // The upstream failed: the request counts, no tokens were used.
             None if summary.status >= 400 => Tokens::default(),
             // No usage (a stream the client left): the estimate stands.
@@ -271,16 +314,41 @@ impl Plugin for TokenQuota {
 }
 
 impl TokenQuota {
-    /// Input tokens (every text counted by the gateway, with the chat
-    /// format's overhead) and the output the request asks for.
-    fn estimate(&self, req: &Request, model: &str) -> Result<Tokens, ApiError> {
-        let input = if req.is_chat_completion() {
+    /// The checks of `rules` (with their counters' `keys`) for `estimate`.
+    fn checks(&self, rules: &[usize], keys: &[String], estimate: Tokens) -> Vec<Check> {
+        rules
+            .iter()
+            .zip(keys)
+            .map(|(&i, key)| {
+                let rule = &self.config.rules[i];
+                Check {
+                    key: key.clone(),
+                    window: rule.window.into(),
+                    // In shadow mode nothing is refused: the real limit is
+                    // compared after.
+                    limit: if self.config.shadow { u64::MAX } else { rule.limit },
+                    amount: rule.counts.amount(rule.weights, estimate),
+                }
+            })
+            .collect()
+    }
+
+    /// The input (the body's size, or with `exact`, every text counted by
+    /// the gateway with the chat format's overhead) and the output the
+    /// request asks for.
+    fn estimate(&self, req: &Request, exact: bool) -> Result<Tokens, ApiError> {
+        let model = req.model();
+        let input = if !exact {
+            // The chat format's tokens are not in the body's bytes.
+            let messages = if req.is_chat_completion() { u64::from(req.message_count()?) } else { 0 };
+            req.body_size() + MESSAGE_OVERHEAD_TOKENS * messages + REPLY_PRIMING_TOKENS
+        } else if req.is_chat_completion() {
             let messages = req.messages()?;
             let texts: u64 = messages
                 .iter()
                 .map(|m| {
                     let content: u64 =
-                        m.content.texts().iter().map(|text| u64::from(host::count_tokens(model, text))).sum();
+                        m.content.texts().iter().map(|text| u64::from(host::count_tokens(&model, text))).sum();
                     // Tool calls, names: bounded by their bytes, uncounted.
                     let extra = if m.extra == "{}" { 0 } else { m.extra.len() as u64 };
                     content + extra
@@ -403,7 +471,8 @@ fn duration(ms: u64) -> String {
 fn rate_limit_headers(rules: &[(&Rule, Standing)], now: u64) -> Vec<(String, String)> {
     let mut headers = Vec::new();
     for (kind, requests) in [("requests", true), ("tokens", false)] {
-        let tightest = rules.iter().filter(|(rule, _)| rule.counts.is_requests() == requests).min_by_key(|(_, s)| s.remaining);
+        let tightest =
+            rules.iter().filter(|(rule, _)| rule.counts.is_requests() == requests).min_by_key(|(_, s)| s.remaining);
         if let Some((_, s)) = tightest {
             headers.push((format!("x-ratelimit-limit-{kind}"), s.limit.to_string()));
             headers.push((format!("x-ratelimit-remaining-{kind}"), s.remaining.to_string()));

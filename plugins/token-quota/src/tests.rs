@@ -46,6 +46,12 @@ fn end(plugin: &TokenQuota, mut pending: Pending, status: u16, usage: Option<(u3
     plugin.on_end(&summary, &mut pending);
 }
 
+/// The fast estimate of a one-message chat's input: its body's bytes, and
+/// the chat format's 4 + 3.
+fn bytes_estimate(req: &Request) -> u64 {
+    req.body_text().len() as u64 + 4 + 3
+}
+
 fn header<'a>(error: &'a ApiError, name: &str) -> Option<&'a str> {
     error.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
@@ -82,18 +88,33 @@ fn tokens_are_reserved_as_estimated_and_committed_as_reported() {
     set_now_unix_ms(Some(T0));
     let rule = json!({"name": "tpd", "limit": 1000, "window": {"fixed": 86400}, "counts": "tokens"});
     let quota = plugin(json!({"rules": [rule]})).unwrap();
-    // The estimate: the input (2 words, 4 per message, 3 priming) and the
-    // output asked for.
+    // The estimate: the input (its body's bytes, 4 per message, 3 priming)
+    // and the output asked for.
     let req = chat(None, Some(500));
+    let estimate = bytes_estimate(&req) + 500;
     let pending = admit(&quota, &req).unwrap();
-    assert_eq!(req.response_header("x-ratelimit-remaining-tokens").as_deref(), Some("491"));
-    // 600 more do not fit while the estimate stands...
+    assert_eq!(req.response_header("x-ratelimit-remaining-tokens"), Some((1000 - estimate).to_string()));
+    // 600 more do not fit while the estimate stands, even counted exactly...
     assert_eq!(admit(&quota, &chat(None, Some(600))).err().map(|e| e.status), Some(429));
     // ...and do once the real usage is committed.
     end(&quota, pending, 200, Some((9, 20)));
     let req = chat(None, Some(600));
     admit(&quota, &req).unwrap();
-    assert_eq!(req.response_header("x-ratelimit-remaining-tokens").as_deref(), Some(&*(1000 - 29 - 609).to_string()));
+    let left = 1000 - 29 - (bytes_estimate(&req) + 600);
+    assert_eq!(req.response_header("x-ratelimit-remaining-tokens"), Some(left.to_string()));
+}
+
+#[test]
+fn near_a_limit_the_input_is_counted_exactly_before_a_refusal() {
+    set_now_unix_ms(Some(T0));
+    let rule = json!({"name": "tokens", "limit": 50, "window": {"fixed": 60}, "counts": "tokens"});
+    let quota = plugin(json!({"rules": [rule]})).unwrap();
+    let req = chat(None, Some(10));
+    assert!(bytes_estimate(&req) + 10 > 50, "the body's size alone would refuse it");
+    admit(&quota, &req).unwrap();
+    // Counted: 2 words, 4 + 3 of format, 10 of output.
+    assert_eq!(req.response_header("x-ratelimit-remaining-tokens").as_deref(), Some("31"));
+    assert_eq!(admit(&quota, &chat(None, Some(40))).err().map(|e| e.status), Some(429));
 }
 
 #[test]
@@ -101,11 +122,12 @@ fn a_response_without_usage_keeps_the_estimate_and_a_failed_call_counts_no_token
     set_now_unix_ms(Some(T0));
     let tokens = json!({"name": "tokens", "limit": 2000, "window": "calendarMonth", "counts": "tokens"});
     let quota = plugin(json!({"rules": [tokens, requests_rule(100)], "defaultMaxTokens": 100})).unwrap();
-    let remaining = |req: &Request| req.response_header("x-ratelimit-remaining-tokens").unwrap().parse::<u64>().unwrap();
+    let remaining =
+        |req: &Request| req.response_header("x-ratelimit-remaining-tokens").unwrap().parse::<u64>().unwrap();
     let first = chat(Some("key:a"), None);
     let pending = admit(&quota, &first).unwrap();
     let estimate = 2000 - remaining(&first);
-    assert_eq!(estimate, 2 + 4 + 3 + 100);
+    assert_eq!(estimate, bytes_estimate(&first) + 100);
     end(&quota, pending, 200, None);
     let second = chat(Some("key:a"), None);
     let pending = admit(&quota, &second).unwrap();
@@ -128,7 +150,7 @@ fn weighted_tokens_count_output_at_its_weight() {
     end(&quota, pending, 200, Some((100, 50)));
     let req = chat(None, Some(10));
     admit(&quota, &req).unwrap();
-    let expected = 10_000 - (100 + 4 * 50) - (9 + 4 * 10);
+    let expected = 10_000 - (100 + 4 * 50) - (bytes_estimate(&req) + 4 * 10);
     assert_eq!(req.response_header("x-ratelimit-remaining-tokens"), Some(expected.to_string()));
 }
 
@@ -198,6 +220,37 @@ fn bad_configs_are_refused_with_reasons() {
         let error = plugin(config.clone()).err().unwrap_or_else(|| panic!("accepted: {config}"));
         assert!(error.contains(says), "{config}: {error}");
     }
+}
+
+/// A stream's event carrying `text` as its delta.
+fn event(text: &str) -> String {
+    json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]})
+        .to_string()
+}
+
+#[test]
+fn a_stream_past_the_output_cap_ends_with_an_error_event_and_counts_what_was_sent() {
+    set_now_unix_ms(Some(T0));
+    let rule = json!({"name": "tokens", "limit": 1000, "window": {"fixed": 60}, "counts": "outputTokens"});
+    let quota = plugin(json!({"rules": [rule], "maxOutputTokens": 5})).unwrap();
+    assert!(quota.hooks().contains(Hooks::RESPONSE_CHUNK));
+    let mut pending = admit(&quota, &chat(None, Some(100))).unwrap();
+    // Three words, then three more: the sixth token is past the cap.
+    assert_eq!(quota.on_chunk(&event("one two three"), &mut pending), ChunkAction::Pass);
+    let ChunkAction::Stop(Some(last)) = quota.on_chunk(&event("four five six"), &mut pending) else {
+        panic!("the stream was not ended")
+    };
+    let error: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(error["error"]["code"], "output_limit_exceeded");
+    assert_eq!(quota.on_chunk(&event("seven"), &mut pending), ChunkAction::Drop);
+    // No usage came: the output streamed (6) counts, not the 100 reserved.
+    end(&quota, pending, 200, None);
+    let req = chat(None, Some(100));
+    admit(&quota, &req).unwrap();
+    assert_eq!(req.response_header("x-ratelimit-remaining-tokens").as_deref(), Some("894"));
+    // Without a cap, streams are not read.
+    let uncapped = plugin(json!({"rules": [requests_rule(5)]})).unwrap();
+    assert!(!uncapped.hooks().contains(Hooks::RESPONSE_CHUNK));
 }
 
 #[test]

@@ -403,6 +403,8 @@ fn request_headers(system: &System, verify: bool) -> Vec<(&'static str, String)>
     let mut headers = vec![system.work.credential.header()];
     if verify {
         headers.push(("x-bench-verify", "1".to_owned()));
+        // A response cache answers it fresh, and keeps nothing of it.
+        headers.push(("cache-control", "no-store".to_owned()));
     }
     headers
 }
