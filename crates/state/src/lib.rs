@@ -24,6 +24,9 @@ use std::sync::Arc;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisConfig, RedisStore};
+#[cfg(test)]
+mod testing;
+
 pub use keys::{KeyKind, redis_key};
 pub use memory::{MemoryStore, Usage};
 pub use window::{Bucket, Buckets, MAX_UNIX_MS, MAX_WINDOW_SECONDS, Window};

@@ -1,6 +1,7 @@
 use std::task::{Context, Poll, Waker};
 
 use super::*;
+use crate::testing::{check, fixed, granted, refused, scope, used};
 
 /// 2024-03-15T00:00:00Z: the start of a UTC day, so of every fixed bucket
 /// of a length that divides one.
@@ -16,39 +17,6 @@ fn ready<T>(mut future: BoxFuture<'_, T>) -> T {
 
 fn store() -> MemoryStore {
     MemoryStore::new(Limits::default())
-}
-
-fn scope() -> Scope {
-    Scope::new("team-a", "quota")
-}
-
-fn fixed(seconds: u32) -> Window {
-    Window::Fixed { seconds }
-}
-
-fn check(key: &str, window: Window, limit: u64, amount: u64) -> Check {
-    Check { key: key.into(), window, limit, amount }
-}
-
-#[track_caller]
-fn granted(reserved: Result<Reserved, StateError>) -> (Ticket, Vec<Standing>) {
-    match reserved {
-        Ok(Reserved::Granted { ticket, standings }) => (ticket, standings),
-        other => panic!("not granted: {other:?}"),
-    }
-}
-
-#[track_caller]
-fn refused(reserved: Result<Reserved, StateError>) -> (usize, Vec<Standing>) {
-    match reserved {
-        Ok(Reserved::Refused { tightest, standings }) => (tightest, standings),
-        other => panic!("not refused: {other:?}"),
-    }
-}
-
-/// `used` of each standing.
-fn used(standings: &[Standing]) -> Vec<u64> {
-    standings.iter().map(|standing| standing.used).collect()
 }
 
 /// Reserves `amount` on `key` (limit `limit`, window `window`) and gives

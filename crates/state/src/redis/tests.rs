@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::aio::MultiplexedConnection;
 
 use super::*;
+use crate::testing::{check, fixed, granted, refused, scope, used};
 use crate::{MemoryStore, Window};
 
 /// 2096-03-15T00:00:00Z: the start of a UTC day, as memory/tests.rs's T0,
@@ -147,38 +148,6 @@ async fn fixture(limits: Limits) -> (Server, RedisStore) {
     let server = Server::start();
     let store = connect(&server, limits).await;
     (server, store)
-}
-
-fn scope() -> Scope {
-    Scope::new("team-a", "quota")
-}
-
-fn fixed(seconds: u32) -> Window {
-    Window::Fixed { seconds }
-}
-
-fn check(key: &str, window: Window, limit: u64, amount: u64) -> Check {
-    Check { key: key.into(), window, limit, amount }
-}
-
-#[track_caller]
-fn granted(reserved: Result<Reserved, StateError>) -> (Ticket, Vec<Standing>) {
-    match reserved {
-        Ok(Reserved::Granted { ticket, standings }) => (ticket, standings),
-        other => panic!("not granted: {other:?}"),
-    }
-}
-
-#[track_caller]
-fn refused(reserved: Result<Reserved, StateError>) -> (usize, Vec<Standing>) {
-    match reserved {
-        Ok(Reserved::Refused { tightest, standings }) => (tightest, standings),
-        other => panic!("not refused: {other:?}"),
-    }
-}
-
-fn used(standings: &[Standing]) -> Vec<u64> {
-    standings.iter().map(|standing| standing.used).collect()
 }
 
 /// Reserves `amount` on `key` of [`scope`]: whether granted, and the
