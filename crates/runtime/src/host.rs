@@ -103,6 +103,11 @@ impl WasiView for PluginState {
     }
 }
 
+/// Wall-clock time for plugins (`now-unix-ms`) and their state calls.
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The current call into the guest ran out of time.
 #[derive(Debug)]
 pub(crate) struct DeadlineExceeded;
@@ -199,10 +204,6 @@ impl PluginState {
         }
     }
 
-    fn now_unix_ms(&mut self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-    }
-
     fn monotonic_ns(&mut self) -> u64 {
         static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         START.get_or_init(Instant::now).elapsed().as_nanos() as u64
@@ -234,7 +235,7 @@ impl v3::sluice::plugin::host::Host for PluginState {
     }
 
     fn now_unix_ms(&mut self) -> wasmtime::Result<u64> {
-        Ok(PluginState::now_unix_ms(self))
+        Ok(now_unix_ms())
     }
 
     fn monotonic_ns(&mut self) -> wasmtime::Result<u64> {
@@ -260,7 +261,7 @@ impl v2::sluice::plugin::host::Host for PluginState {
     }
 
     fn now_unix_ms(&mut self) -> u64 {
-        PluginState::now_unix_ms(self)
+        now_unix_ms()
     }
 
     fn monotonic_ns(&mut self) -> u64 {

@@ -5,21 +5,16 @@
 //! it fails, its failure policy does.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use sluice_state::{Check, Reserved, StateError, Window};
 use wasmtime::component::Resource;
 
 use crate::bindings::v3::sluice::plugin::state as wit;
 use crate::granted::{Reservation, StateAccess};
-use crate::host::PluginState;
+use crate::host::{PluginState, now_unix_ms};
 
 const NOT_GRANTED: &str = "sluice:plugin/state is not granted to this plugin";
 const SETTLED: &str = "this reservation was already committed or released";
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 fn window(window: wit::Window) -> Window {
     match window {
