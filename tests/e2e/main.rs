@@ -27,6 +27,7 @@ mod conformance;
 mod plugin_auth;
 mod plugin_cache;
 mod plugin_context_trim;
+mod plugin_counter;
 mod plugin_examples;
 mod plugin_prompts;
 mod plugin_quota;

@@ -10,7 +10,9 @@
 //!   "What one plugin costs, alone"). A package that needs WASI says so with
 //!   `[package.metadata.sluice] wasi = true` and is built for wasm32-wasip2.
 //! - The decorator-lite examples in plugins/examples/{rust,python,js,c}
-//!   become `example-<language>.wasm`. The Python, JavaScript and C builds
+//!   become `example-<language>.wasm`, and the per-consumer counter on
+//!   shared state in plugins/examples/python-counter becomes
+//!   `example-python-counter.wasm`. The Python, JavaScript and C builds
 //!   are skipped when a hash of their inputs (sources, WIT, tool versions)
 //!   matches the one recorded beside the published file; cargo decides for
 //!   Rust.
@@ -121,9 +123,10 @@ fn componentize(module: &[u8]) -> Result<Vec<u8>> {
     wit_component::ComponentEncoder::default().module(module)?.validate(true).encode()
 }
 
-/// Builds the four decorator-lite examples. The Rust one shares the guest
-/// workspace's target directory (and so its compiled dependencies); the
-/// others run side by side, each logging to target/tools/logs.
+/// Builds the four decorator-lite examples and the Python counter. The Rust
+/// one shares the guest workspace's target directory (and so its compiled
+/// dependencies); the others run side by side, each logging to
+/// target/tools/logs.
 fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
     step(&format!("Building the examples ({EXAMPLES}/)"));
     let manifest = format!("{EXAMPLES}/rust/Cargo.toml");
@@ -135,7 +138,12 @@ fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
     let rust = Path::new(DIST).join("example-rust.wasm");
     let changed = publish(&fs::read(&built).with_context(|| format!("cannot read {}", built.display()))?, &rust)?;
 
-    let examples = [python_example(tools), js_example(), c_example(tools)?];
+    let examples = [
+        python_example(tools, "python", "plugin"),
+        python_example(tools, "python-counter", "stateful-plugin"),
+        js_example(),
+        c_example(tools)?,
+    ];
     let results: Vec<Result<&'static str>> = thread::scope(|scope| {
         let handles: Vec<_> = examples.iter().map(|example| scope.spawn(|| example.build(tools))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a build thread panicked")))).collect()
@@ -149,8 +157,8 @@ fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
 
 /// An example built by an external tool, and what goes into its input hash.
 struct Example {
-    /// The published name, `example-<language>`.
-    name: &'static str,
+    /// The published name, `example-<language>` (or `example-<dir>`).
+    name: String,
     /// Files and directories (all files in them, recursively) it is built from.
     inputs: Vec<PathBuf>,
     /// Tool versions and flags, part of the input hash too.
@@ -202,17 +210,21 @@ impl Example {
     }
 }
 
-fn python_example(tools: &GuestTools) -> Example {
-    let dir = Path::new(EXAMPLES).join("python");
+/// The Python example in plugins/examples/<dir>/app.py, built for `world`:
+/// componentize-py binds every import of the world, so each is built for the
+/// smallest one it needs.
+fn python_example(tools: &GuestTools, dir: &str, world: &'static str) -> Example {
+    let name = format!("example-{dir}");
+    let dir = Path::new(EXAMPLES).join(dir);
     let componentize_py = tools.componentize_py.clone();
     Example {
-        name: "example-python",
+        name,
         inputs: vec![dir.join("app.py"), WIT.into()],
         // `--stub-wasi`: the component imports no WASI at all.
-        settings: "componentize --stub-wasi app".into(),
+        settings: format!("-w {world} componentize --stub-wasi app"),
         command: Box::new(move |out| {
             let mut cmd = Command::new(&componentize_py);
-            cmd.args(["-d", WIT, "-w", "plugin", "componentize", "--stub-wasi", "-p"])
+            cmd.args(["-d", WIT, "-w", world, "componentize", "--stub-wasi", "-p"])
                 .arg(&dir)
                 .arg("app")
                 .arg("-o")
@@ -226,7 +238,7 @@ fn js_example() -> Example {
     let dir = Path::new(toolchain::JS_EXAMPLE_DIR);
     let build = dir.join("build.mjs");
     Example {
-        name: "example-js",
+        name: "example-js".into(),
         inputs: ["decorator-lite.js", "build.mjs", "package-lock.json"]
             .map(|f| dir.join(f))
             .into_iter()
@@ -251,7 +263,7 @@ fn c_example(tools: &GuestTools) -> Result<Example> {
         ("GEN", gen_dir),
     ];
     Ok(Example {
-        name: "example-c",
+        name: "example-c".into(),
         inputs: vec![dir.join("decorator-lite.c"), dir.join("Makefile"), tools.adapter.clone(), WIT.into()],
         settings: String::new(),
         command: Box::new(move |out| {
@@ -283,7 +295,7 @@ fn collect_files(path: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
 fn report(dest: &Path, note: &str) -> Result<()> {
     let bytes = fs::read(dest).with_context(|| format!("cannot read {}", dest.display()))?;
     println!(
-        "  {:<36} {:>9.1} KiB  sha256:{}{}",
+        "  {:<42} {:>9.1} KiB  sha256:{}{}",
         dest.display(),
         bytes.len() as f64 / 1024.0,
         hex::encode(Sha256::digest(&bytes)),
