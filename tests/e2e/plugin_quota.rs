@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Route, documents, run_sdk_script};
+use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Reply, Route, Step, documents, run_sdk_script};
 
 /// The auth plugin's keys: `sk-a-…` names consumer `a`, `sk-b-…` names `b`.
 const KEY_A: &str = "sk-a-0123456789abcdef";
@@ -18,6 +18,10 @@ fn sha256_hex(text: &str) -> String {
 
 /// A gateway serving `gpt-4o-mini` through auth and token-quota with `rules`.
 async fn gateway(rules: Value) -> (Echo, ConfigDir, Gateway) {
+    gateway_with(rules, Options::default()).await
+}
+
+async fn gateway_with(rules: Value, options: Options) -> (Echo, ConfigDir, Gateway) {
     let echo = Echo::start().await;
     let keys = json!([{"consumer": "a", "sha256": sha256_hex(KEY_A)}, {"consumer": "b", "sha256": sha256_hex(KEY_B)}]);
     let plugins = [
@@ -27,7 +31,7 @@ async fn gateway(rules: Value) -> (Echo, ConfigDir, Gateway) {
     let dir = ConfigDir::new();
     dir.write("plugins.yaml", &documents(&plugins.iter().map(Plugin::yaml).collect::<Vec<_>>()));
     dir.write("route.yaml", &Route::new("chat", &["gpt-4o-mini"], &echo.url()).plugins(&["auth", "quota"]).yaml());
-    let gateway = Gateway::start(&dir).await;
+    let gateway = Gateway::start_with(&dir, options).await;
     let admin = gateway.admin_config().await;
     assert_eq!(admin["errors"], json!([]), "{admin}");
     (echo, dir, gateway)
@@ -104,6 +108,49 @@ async fn a_stream_commits_the_usage_it_reported() {
     })
     .await;
     assert!(left > estimate_left, "the estimate was given back: {left} against {estimate_left}");
+}
+
+/// Without an output cap token-quota leaves its reservation to the gateway,
+/// which settles it by the response's usage: the plugin's instance ends with
+/// the request hook, so a gateway allowed one plugin instance in all serves
+/// a second request while the first waits on its upstream (an instance held
+/// for the response would refuse it as overloaded); and a request the
+/// upstream refuses counts as a request but none of its estimated tokens.
+#[tokio::test]
+async fn the_gateway_settles_the_reservation_without_holding_the_plugin() {
+    let rules = json!([
+        {"name": "rpm", "per": ["consumer"], "counts": "requests", "limit": 100, "window": {"fixed": 3600}},
+        {"name": "daily", "per": ["consumer"], "counts": "tokens", "limit": 100000, "window": {"fixed": 86400}},
+    ]);
+    let options = Options { args: vec!["--max-plugin-instances".into(), "1".into()], ..Options::default() };
+    let (echo, _dir, gateway) = gateway_with(rules, options).await;
+    echo.script().push(Step::Delay(Duration::from_millis(1500)), 1);
+    let (slow, quick) = tokio::join!(chat(&gateway, KEY_A, hello()), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        chat(&gateway, KEY_A, hello()).await
+    });
+    assert_eq!(quick.status, 200, "served while the first waited: {}", quick.text());
+    assert_eq!(slow.status, 200, "{}", slow.text());
+
+    let remaining = |reply: &Reply, kind: &str| -> u64 {
+        reply.header(&format!("x-ratelimit-remaining-{kind}")).and_then(|v| v.parse().ok()).unwrap()
+    };
+    let used = |reply: &Reply| reply.json()["usage"]["total_tokens"].as_u64().unwrap();
+    // Settled when each response ended, just after its last byte.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = chat(&gateway, KEY_A, hello()).await;
+    assert_eq!(before.status, 200, "{}", before.text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    echo.script().push(Step::status(400), 1);
+    let refused = chat(&gateway, KEY_A, hello()).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = chat(&gateway, KEY_A, hello()).await;
+    // The same body, so the same estimate: between the two, only `before`'s
+    // real usage was added to the tokens, and two requests.
+    assert_eq!(remaining(&after, "tokens"), remaining(&before, "tokens") - used(&before));
+    assert_eq!(remaining(&after, "requests"), remaining(&before, "requests") - 2);
+    assert_eq!(remaining(&before, "requests"), 100 - 3);
 }
 
 /// The official OpenAI Python SDK reads the refusal as its own

@@ -10,7 +10,7 @@ use http::{HeaderMap, Method, StatusCode, header};
 use sluice_chat::ChatBody;
 use sluice_core::{ApiError, Condition, FailurePolicy, Phase};
 use sluice_runtime::headers::{MAX_HEADERS, apply_edits, strip_hop_by_hop};
-use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction};
+use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction, Settlement, settle_all};
 
 use sluice_telemetry::{Hook, Outcome, RequestRecord};
 
@@ -106,8 +106,9 @@ impl Engaged {
 /// How the request phase ended.
 pub enum Filtered {
     /// Forward the (edited) request; these instances wait for the response,
-    /// which gets the headers plugins set for it.
-    Forward(Vec<Engaged>, HeaderMap),
+    /// which gets the headers plugins set for it, and these reservations are
+    /// settled by its usage when it ends.
+    Forward(Vec<Engaged>, HeaderMap, Vec<Settlement>),
     /// A plugin answered the request itself.
     Respond(http::Response<Body>),
 }
@@ -144,7 +145,7 @@ pub async fn request_filters(
     // A route without plugins forwards the request as it came: nothing to
     // build for plugins (4 of a plain hop's 47 allocations).
     if route.chain.is_empty() {
-        return Ok(Filtered::Forward(Vec::new(), HeaderMap::new()));
+        return Ok(Filtered::Forward(Vec::new(), HeaderMap::new(), Vec::new()));
     }
     // Boxed: the hooks' futures hold a plugin call's state (4 KiB), and
     // every request's future would carry it, copied whole as hyper takes
@@ -163,8 +164,9 @@ async fn run_chain(
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.
     let mut marks = Vec::new();
+    let mut settlements = Vec::new();
     for (i, plugin) in route.chain.iter().enumerate() {
-        let step = request_filter(plugin, &mut request, Some(&mut *record)).await?;
+        let step = request_filter(plugin, &mut request, Some(&mut *record), &mut settlements).await?;
         marks.push(std::mem::take(&mut request.response_headers));
         let auth_phase_ends = plugin.decl.phase == Phase::Auth
             && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
@@ -178,6 +180,9 @@ async fn run_chain(
             }
             Step::Respond(mut response) => {
                 set_all(response.headers_mut(), &response_marks(marks));
+                // No upstream, no usage: a refusal counts the request alone,
+                // another answer (a cache's) what was reserved.
+                settle_all(settlements, response.status().as_u16(), None);
                 return Ok(Filtered::Respond(response));
             }
         }
@@ -185,7 +190,7 @@ async fn run_chain(
     outgoing.headers = request.headers;
     // Written here, once, if plugins edited it in place.
     outgoing.body = request.body.bytes();
-    Ok(Filtered::Forward(engaged, response_marks(marks)))
+    Ok(Filtered::Forward(engaged, response_marks(marks), settlements))
 }
 
 /// The header in which auth plugins name the caller (the first-party auth
@@ -246,16 +251,18 @@ enum Step {
 
 /// One plugin's request hook, under its failure policy: a plugin that
 /// fails open is skipped, and the request goes on as it was before it.
-/// Recorded in `record`, if given.
+/// Recorded in `record`, if given. The reservations the plugin leaves to
+/// settle at the response's end go to `settlements`.
 async fn request_filter(
     plugin: &LoadedPlugin,
     request: &mut PluginRequest,
     mut record: Option<&mut RequestRecord>,
+    settlements: &mut Vec<Settlement>,
 ) -> Result<Step, ApiError> {
     let before = (plugin.decl.failure_policy == FailurePolicy::Open).then(|| request.clone());
     let started = Instant::now();
     let request_id = record.as_ref().map(|record| record.id.clone());
-    let result = run_request_filter(plugin, request, request_id).await;
+    let result = run_request_filter(plugin, request, request_id, settlements).await;
     // A plugin without a request hook only had an instance made here (for
     // its response hooks): not a call, unless that failed.
     let called = plugin.hooks().contains(Hooks::REQUEST) || result.is_err();
@@ -298,6 +305,7 @@ async fn run_request_filter(
     plugin: &LoadedPlugin,
     request: &mut PluginRequest,
     request_id: Option<Arc<str>>,
+    settlements: &mut Vec<Settlement>,
 ) -> Result<Step, PluginError> {
     let hooks = plugin.hooks();
     if hooks == Hooks::empty() {
@@ -308,7 +316,11 @@ async fn run_request_filter(
         instance.serve_request(request_id);
     }
     if hooks.contains(Hooks::REQUEST) {
-        match instance.request_filter(request).await? {
+        let action = instance.request_filter(request).await?;
+        // Only from a hook that returned: a failed one's reservations stay
+        // counted as reserved, as its edits are undone.
+        settlements.extend(instance.take_settlements());
+        match action {
             RequestAction::Continue => {}
             RequestAction::Respond(direct) => {
                 check_direct_status(direct.status)?;

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use http::StatusCode;
 use sluice_core::{ApiError, Condition, Fallback};
-use sluice_runtime::Hooks;
+use sluice_runtime::{Hooks, settle_all};
 use sluice_telemetry::metrics::FallbackLabels;
 use sluice_telemetry::{Label, RequestRecord};
 
@@ -52,8 +53,8 @@ pub(crate) async fn walk(
         }
         let filtered =
             request_filters(route, &hop.model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
-        let (engaged, response_headers) = match filtered {
-            Filtered::Forward(engaged, response_headers) => (engaged, response_headers),
+        let (engaged, response_headers, settlements) = match filtered {
+            Filtered::Forward(engaged, response_headers, settlements) => (engaged, response_headers, settlements),
             Filtered::Respond(response) => {
                 // A plugin's refusal a fallback names (context-trim's
                 // `context_length_exceeded`) moves the request too.
@@ -75,17 +76,27 @@ pub(crate) async fn walk(
             && let Some(next) = next_hop(snapshot, route, condition, hops, endpoint)
         {
             tracing::info!(route = %route.label, fallback = %next.model, condition = condition.name(), request_id = &*record.id, "falling back");
+            // This hop's upstream failed: its reservations count the request
+            // alone; the next hop's chain reserves its own.
+            settle_all(settlements, StatusCode::BAD_GATEWAY.as_u16(), None);
             hop = next;
             hops += 1;
             continue;
         }
-        let upstream = forwarded.response?;
+        let upstream = match forwarded.response {
+            Ok(upstream) => upstream,
+            Err(error) => {
+                settle_all(settlements, error.status, None);
+                return Err(error);
+            }
+        };
         let backend = forwarded.backend.and_then(|i| route.backends.get(i));
         let limits = BodyLimits {
             idle: backend.and_then(|b| b.timeouts.idle).unwrap_or(gateway.settings.upstream_idle_timeout),
             deadline: backend.and_then(|b| b.timeouts.total).map(|total| record.started + total),
         };
-        return response::respond(upstream, engaged, response_headers, &gateway.settings, limits, record).await;
+        let exchange = response::Exchange { plugins: engaged, set_headers: response_headers, settlements };
+        return response::respond(upstream, exchange, &gateway.settings, limits, record).await;
     }
 }
 

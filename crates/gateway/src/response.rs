@@ -14,7 +14,7 @@ use http::header;
 use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use sluice_core::ApiError;
-use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSummary, Usage};
+use sluice_runtime::{ChunkAction, Hooks, PluginError, ResponseAction, ResponseSummary, Settlement, Usage, settle_all};
 
 use sluice_telemetry::{Hook, RequestRecord, Tokens};
 
@@ -32,18 +32,28 @@ const USAGE_COPY_LIMIT: usize = 1 << 20;
 /// The longest server-sent event held while waiting for its end.
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
+/// What the request phase leaves the response phase.
+pub struct Exchange {
+    /// The plugins that wait for the response, in chain order.
+    pub plugins: Vec<Engaged>,
+    /// The headers plugins set for the response from the request phase.
+    pub set_headers: http::HeaderMap,
+    /// Reservations to settle by the response's usage when it ends.
+    pub settlements: Vec<Settlement>,
+}
+
 /// The response as the client receives it. Plugins engaged in the exchange
 /// see the head, then the body; a `Closed` plugin that fails before the head
-/// is sent turns the response into an error. `set_headers` are the headers
-/// plugins set for it from the request phase.
+/// is sent turns the response into an error (and the reservations left to
+/// settle keep what was reserved).
 pub async fn respond(
     upstream: http::Response<Body>,
-    mut engaged: Vec<Engaged>,
-    set_headers: http::HeaderMap,
+    exchange: Exchange,
     settings: &Settings,
     limits: BodyLimits,
     record: &mut RequestRecord,
 ) -> Result<http::Response<Body>, ApiError> {
+    let Exchange { plugins: mut engaged, set_headers, settlements } = exchange;
     let max_body_bytes = settings.max_body_bytes;
     let (mut head, body) = upstream.into_parts();
     strip_hop_by_hop(&mut head.headers);
@@ -99,7 +109,8 @@ pub async fn respond(
     }
     // The body streams through frame by frame as the upstream sends it: SSE
     // events reach the client as they are produced. It ends the request.
-    let body = relay(body, record.hand_off(), engaged, read_already, limits, held);
+    let tail = Tail { record: record.hand_off(), plugins: engaged, settlements };
+    let body = relay(body, tail, read_already, limits, held);
     Ok(http::Response::from_parts(head, body))
 }
 
@@ -178,16 +189,9 @@ async fn response_body_filters(
 /// The body the client receives. It ends the exchange (`response-end`
 /// hooks, the request's record) when the upstream's body ends, or when the
 /// client goes away. `known`: the usage and model were read already.
-fn relay(
-    upstream: Body,
-    record: RequestRecord,
-    plugins: Vec<Engaged>,
-    known: bool,
-    limits: BodyLimits,
-    held: Held,
-) -> Body {
-    let streamed = record.streamed;
-    let chunk_hooks = streamed && plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
+fn relay(upstream: Body, tail: Tail, known: bool, limits: BodyLimits, held: Held) -> Body {
+    let streamed = tail.record.streamed;
+    let chunk_hooks = streamed && tail.plugins.iter().any(|p| p.wants(Hooks::RESPONSE_CHUNK));
     let relay = Relay {
         upstream: Some(upstream),
         splitter: streamed.then(EventSplitter::default),
@@ -197,7 +201,7 @@ fn relay(
         failed: false,
         limits,
         held,
-        tail: Some(Tail { record, plugins }),
+        tail: Some(tail),
     };
     let frames = futures_util::stream::unfold(relay, |mut relay| async move {
         let frame = relay.next_frame().await?;
@@ -234,6 +238,7 @@ struct Relay {
 struct Tail {
     record: RequestRecord,
     plugins: Vec<Engaged>,
+    settlements: Vec<Settlement>,
 }
 
 impl Relay {
@@ -505,6 +510,10 @@ impl Tail {
             }
             let _ = plugin.settle(record, Hook::ResponseEnd, started, result);
         }
+        // A response cut short (`completed` false) with no usage keeps what
+        // was reserved: the upstream may have spent it.
+        let usage = record.tokens.map(|t| (t.input, t.output));
+        settle_all(std::mem::take(&mut self.settlements), record.status, usage);
         self.record.finish();
     }
 }

@@ -48,6 +48,9 @@ pub(crate) struct PluginState {
     /// Why a state call of the current call into the guest found the store
     /// unavailable, if one did: a failure that follows is the store's.
     pub(crate) state_failed: Option<String>,
+    /// Reservations handed to the gateway in this request hook, for it to
+    /// take when the hook returns.
+    pub(crate) settlements: Vec<crate::granted::Settlement>,
 }
 
 impl PluginState {
@@ -75,6 +78,7 @@ impl PluginState {
             request_id: None,
             state,
             state_failed: None,
+            settlements: Vec::new(),
         }
     }
 }
@@ -91,6 +95,7 @@ impl PluginState {
         self.serving = None;
         self.request_id = None;
         self.ticked = false;
+        self.settlements.clear();
     }
 }
 

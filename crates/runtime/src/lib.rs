@@ -39,6 +39,7 @@ pub use bindings::{
     ChunkAction, Content, ContentPart, DirectResponse, Hooks, Message, RequestAction, Response, ResponseAction,
     ResponseEdits, ResponseSummary, Usage,
 };
+pub use granted::{Settlement, settle_all};
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use request::PluginRequest;
 pub use runtime::{Runtime, RuntimeConfig, StartError, StateStore};

@@ -617,6 +617,12 @@ impl PluginInstance {
         }
     }
 
+    /// The reservations the plugin handed to the gateway in its request
+    /// hook (`settle-at-end`), for the response's end.
+    pub fn take_settlements(&mut self) -> Vec<crate::granted::Settlement> {
+        self.live.as_mut().map(|live| std::mem::take(&mut live.store.data_mut().settlements)).unwrap_or_default()
+    }
+
     /// Runs the request hook: the plugin's edits are made to `request` as
     /// it goes. On an error they may have been made in part; a caller that
     /// goes on without the plugin (`failurePolicy: Open`) keeps a copy.

@@ -10,7 +10,7 @@ use sluice_state::{Check, Reserved, StateError, Window};
 use wasmtime::component::Resource;
 
 use crate::bindings::v3::sluice::plugin::state as wit;
-use crate::granted::{Reservation, StateAccess};
+use crate::granted::{MAX_SETTLEMENTS, Reservation, Settlement, StateAccess};
 use crate::host::{PluginState, now_unix_ms};
 
 const NOT_GRANTED: &str = "sluice:plugin/state is not granted to this plugin";
@@ -134,6 +134,37 @@ impl wit::Host for PluginState {
         let access = access_or_return!(self);
         let result = bounded(self.deadline, access.store.delete(&access.scope, &key, now_unix_ms())).await;
         Ok(self.noted(result))
+    }
+
+    async fn settle_at_end(
+        &mut self,
+        reservation: Resource<Reservation>,
+        weights: Vec<wit::UsageWeights>,
+    ) -> wasmtime::Result<Result<(), wit::StateError>> {
+        let access = access_or_return!(self);
+        // Owned: the handle is the plugin's no more, whatever follows (a
+        // ticket dropped here stays counted, as the WIT says).
+        let Some(ticket) = self.table.delete(reservation)?.ticket else {
+            return Ok(Err(wit::StateError::Refused(SETTLED.into())));
+        };
+        let refused = |why: String| Ok(Err(wit::StateError::Refused(why)));
+        if self.serving.is_none() {
+            return refused("settle-at-end is for the request hook; commit the reservation instead".into());
+        }
+        if weights.len() > ticket.len() {
+            return refused(format!("{} weights for a reservation of {} checks", weights.len(), ticket.len()));
+        }
+        if self.settlements.len() >= MAX_SETTLEMENTS {
+            return refused(format!(
+                "a plugin may leave at most {MAX_SETTLEMENTS} reservations to settle in one request"
+            ));
+        }
+        let weights = weights
+            .into_iter()
+            .map(|w| sluice_state::UsageWeights { request: w.request, input: w.input, output: w.output })
+            .collect();
+        self.settlements.push(Settlement { access, plugin: self.plugin.clone(), ticket, weights });
+        Ok(Ok(()))
     }
 }
 

@@ -147,6 +147,40 @@ impl Ticket {
     }
 }
 
+/// How one check counts a response's usage when the gateway settles a
+/// reservation at the response's end (`settle-at-end` in the WIT).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsageWeights {
+    /// Counted once, whatever the usage.
+    pub request: u64,
+    /// Per prompt token the upstream reported.
+    pub input: u64,
+    /// Per completion token.
+    pub output: u64,
+}
+
+/// What each check of a reservation settled at the response's end counts,
+/// given the response's status and the (prompt, completion) tokens the
+/// upstream reported; `None` when every reserved amount stands (no usage on
+/// a response that did not fail). Here, not in the gateway, so that the
+/// SDK's native tests settle as the gateway does.
+pub fn settled_amounts(weights: &[UsageWeights], status: u16, usage: Option<(u64, u64)>) -> Option<Vec<u64>> {
+    match usage {
+        Some((input, output)) => Some(
+            weights
+                .iter()
+                .map(|w| {
+                    w.request
+                        .saturating_add(w.input.saturating_mul(input))
+                        .saturating_add(w.output.saturating_mul(output))
+                })
+                .collect(),
+        ),
+        None if status >= 400 => Some(weights.iter().map(|w| w.request).collect()),
+        None => None,
+    }
+}
+
 /// Why a store call did nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StateError {
@@ -428,6 +462,22 @@ mod tests {
         assert_eq!(limits.check_checks(&[check("a", 0)]), Err(StateError::InvalidWindow(Window::Fixed { seconds: 0 })));
         // Bytes, not characters.
         assert_eq!(limits.check_key("éé"), Err(StateError::KeyTooLong { len: 4, max: 3 }));
+    }
+
+    #[test]
+    fn a_settled_reservation_counts_the_reported_usage_by_its_weights() {
+        let requests = UsageWeights { request: 1, ..UsageWeights::default() };
+        let weighted = UsageWeights { request: 0, input: 1, output: 4 };
+        let weights = [requests, weighted];
+        assert_eq!(settled_amounts(&weights, 200, Some((100, 10))), Some(vec![1, 140]));
+        // A failure without usage counts the request alone; a success
+        // without usage keeps the estimate.
+        assert_eq!(settled_amounts(&weights, 502, None), Some(vec![1, 0]));
+        assert_eq!(settled_amounts(&weights, 200, None), None);
+        // Usage wins over the status: the tokens were spent.
+        assert_eq!(settled_amounts(&weights, 500, Some((3, 0))), Some(vec![1, 3]));
+        let huge = UsageWeights { request: u64::MAX, input: u64::MAX, output: 2 };
+        assert_eq!(settled_amounts(&[huge], 200, Some((2, u64::MAX))), Some(vec![u64::MAX]));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! [`crate::host::testing::set_now_unix_ms`] to step through windows).
 
 pub use crate::bindings::sluice::plugin::state::Standing;
-pub use crate::bindings::sluice::plugin::state::{Check, StateError, Window};
+pub use crate::bindings::sluice::plugin::state::{Check, StateError, UsageWeights, Window};
 
 /// What a [`reserve`] did.
 pub enum Reserved {
@@ -37,6 +37,18 @@ impl Reservation {
     /// Gives back everything reserved.
     pub fn release(self) -> Result<(), StateError> {
         imp::release(self.0)
+    }
+
+    /// Leaves the reservation to the gateway, which commits it when the
+    /// response ends: check `i` counts `weights[i].request + input ×
+    /// prompt tokens + output × completion tokens` as the upstream reported
+    /// them (checks past the end of `weights` keep their reserved amounts).
+    /// Without usage the reserved amounts stand, unless the response failed
+    /// (status 400 or more): then each check counts its `request` weight.
+    /// Only in the request hook; a plugin that settles this way needs no
+    /// response hook. Natively, [`crate::testing::end_response`] settles.
+    pub fn settle_at_end(self, weights: &[UsageWeights]) -> Result<(), StateError> {
+        imp::settle_at_end(self.0, weights)
     }
 }
 
@@ -67,6 +79,13 @@ pub fn delete(key: &str) -> Result<bool, StateError> {
     imp::delete(key)
 }
 
+/// What [`crate::testing::end_response`] does: natively, the gateway's
+/// settling at the response's end.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn end_response(status: u16, usage: Option<(u64, u64)>) {
+    imp::end_response(status, usage)
+}
+
 #[cfg(target_arch = "wasm32")]
 mod imp {
     use super::{Check, Reserved, StateError};
@@ -91,6 +110,10 @@ mod imp {
 
     pub fn release(reservation: Reservation) -> Result<(), StateError> {
         reservation.release()
+    }
+
+    pub fn settle_at_end(reservation: Reservation, weights: &[super::UsageWeights]) -> Result<(), StateError> {
+        host::settle_at_end(reservation, weights)
     }
 
     pub fn get(key: &str) -> Result<Option<Vec<u8>>, StateError> {
@@ -189,6 +212,41 @@ mod imp {
         STORE.with(|s| ready(s.release(&scope, reservation.0))).map_err(error)
     }
 
+    thread_local! {
+        /// Reservations left to settle at the response's end, as the
+        /// gateway holds them.
+        static SETTLEMENTS: std::cell::RefCell<Vec<(store::Ticket, Vec<store::UsageWeights>)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    pub fn settle_at_end(reservation: Reservation, weights: &[super::UsageWeights]) -> Result<(), StateError> {
+        if weights.len() > reservation.0.len() {
+            return Err(StateError::Refused(format!(
+                "{} weights for a reservation of {} checks",
+                weights.len(),
+                reservation.0.len()
+            )));
+        }
+        let weights = weights
+            .iter()
+            .map(|w| store::UsageWeights { request: w.request, input: w.input, output: w.output })
+            .collect();
+        SETTLEMENTS.with(|s| s.borrow_mut().push((reservation.0, weights)));
+        Ok(())
+    }
+
+    /// Settles what was left to settle, as the gateway does when a response
+    /// ends with `status` and the upstream's reported (prompt, completion)
+    /// tokens.
+    pub fn end_response(status: u16, usage: Option<(u64, u64)>) {
+        let scope = scope();
+        for (ticket, weights) in SETTLEMENTS.with(|s| std::mem::take(&mut *s.borrow_mut())) {
+            if let Some(amounts) = store::settled_amounts(&weights, status, usage) {
+                STORE.with(|s| ready(s.commit(&scope, ticket, &amounts))).expect("the in-process store commits");
+            }
+        }
+    }
+
     pub fn get(key: &str) -> Result<Option<Vec<u8>>, StateError> {
         let now = now_unix_ms();
         let scope = scope();
@@ -239,6 +297,27 @@ mod tests {
         set_now_unix_ms(Some(T0 + 60_000));
         let Ok(Reserved::Granted(_, standings)) = reserve(&[tokens(100)]) else { panic!("a new window") };
         assert_eq!(standings[0].reset_unix_ms, T0 + 120_000);
+    }
+
+    #[test]
+    fn a_reservation_left_to_the_gateway_is_settled_by_the_usage_at_the_end() {
+        set_now_unix_ms(Some(T0));
+        let requests = Check { key: "requests".into(), window: Window::Fixed(60), limit: 10, amount: 1 };
+        let Ok(Reserved::Granted(reservation, _)) = reserve(&[requests.clone(), tokens(50)]) else { panic!("granted") };
+        let weights =
+            [UsageWeights { request: 1, input: 0, output: 0 }, UsageWeights { request: 0, input: 1, output: 2 }];
+        reservation.settle_at_end(&weights).unwrap();
+        imp::end_response(200, Some((10, 5)));
+        let Ok(Reserved::Granted(_, standings)) = reserve(&[requests.clone(), tokens(0)]) else { panic!("granted") };
+        assert_eq!((standings[0].used, standings[1].used), (2, 20));
+        // Failed without usage: the request counts, its tokens do not.
+        let Ok(Reserved::Granted(reservation, _)) = reserve(&[requests.clone(), tokens(30)]) else { panic!("granted") };
+        reservation.settle_at_end(&weights).unwrap();
+        imp::end_response(502, None);
+        let Ok(Reserved::Granted(_, standings)) = reserve(&[requests, tokens(0)]) else { panic!("granted") };
+        assert_eq!((standings[0].used, standings[1].used), (4, 20));
+        let Ok(Reserved::Granted(reservation, _)) = reserve(&[tokens(1)]) else { panic!("granted") };
+        assert!(matches!(reservation.settle_at_end(&weights), Err(StateError::Refused(_))));
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl Request {
     }
 }
 
+/// Ends the response as the gateway does for reservations left to it
+/// ([`crate::state::Reservation::settle_at_end`]): each is committed by
+/// `status` and the upstream's reported `(prompt, completion)` tokens.
+pub fn end_response(status: u16, usage: Option<(u32, u32)>) {
+    crate::state::end_response(status, usage.map(|(input, output)| (input.into(), output.into())));
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

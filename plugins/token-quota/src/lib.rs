@@ -10,7 +10,9 @@
 //! once more. A rule that would pass its limit refuses the
 //! request with OpenAI's 429 (`rate_limit_exceeded`, `retry-after`, the
 //! `x-ratelimit-*` headers) and nothing is counted. When the response ends,
-//! the reservation is committed with the usage the upstream reported; a
+//! the reservation is committed with the usage the upstream reported (by
+//! the gateway, which the plugin hands it to, unless an output cap has the
+//! plugin watch the stream); a
 //! response without usage (a stream the client abandoned) keeps the
 //! estimate, and a failed upstream call counts the request but no tokens.
 //! The estimate overshoots the real input (every text is counted, tool
@@ -24,7 +26,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sluice_plugin_sdk::ModelPattern;
 use sluice_plugin_sdk::prelude::*;
-use sluice_plugin_sdk::state::{self, Check, Reservation, Reserved, Standing, StateError, Window};
+use sluice_plugin_sdk::state::{self, Check, Reservation, Reserved, Standing, StateError, UsageWeights, Window};
 
 /// Tokens of chat format per message (role and delimiters), and priming
 /// the reply, as OpenAI's cookbook counts them: part of the input estimate.
@@ -142,16 +144,24 @@ struct Tokens {
 }
 
 impl Counts {
+    /// What one request counts: the same weights the gateway settles a
+    /// response's usage by.
+    fn usage_weights(self, weights: Weights) -> UsageWeights {
+        let (request, input, output) = match self {
+            Counts::Requests => (1, 0, 0),
+            Counts::Tokens => (0, 1, 1),
+            Counts::InputTokens => (0, 1, 0),
+            Counts::OutputTokens => (0, 0, 1),
+            Counts::WeightedTokens => (0, weights.input, weights.output),
+        };
+        UsageWeights { request, input, output }
+    }
+
     fn amount(self, weights: Weights, tokens: Tokens) -> u64 {
-        match self {
-            Counts::Requests => 1,
-            Counts::Tokens => tokens.input.saturating_add(tokens.output),
-            Counts::InputTokens => tokens.input,
-            Counts::OutputTokens => tokens.output,
-            Counts::WeightedTokens => {
-                tokens.input.saturating_mul(weights.input).saturating_add(tokens.output.saturating_mul(weights.output))
-            }
-        }
+        let w = self.usage_weights(weights);
+        w.request
+            .saturating_add(w.input.saturating_mul(tokens.input))
+            .saturating_add(w.output.saturating_mul(tokens.output))
     }
 
     fn is_requests(self) -> bool {
@@ -210,9 +220,14 @@ impl Plugin for TokenQuota {
     }
 
     fn hooks(&self) -> Hooks {
-        // Streams go event by event only where a cap needs to see them.
-        let chunks = if self.config.max_output_tokens.is_some() { Hooks::RESPONSE_CHUNK } else { Hooks::empty() };
-        Hooks::REQUEST | Hooks::RESPONSE_END | chunks
+        // Without an output cap the gateway settles the reservation by the
+        // response's usage: no response hook, so the instance ends with the
+        // request hook instead of being held for the whole response. A cap
+        // must see the stream event by event, and commits itself.
+        match self.config.max_output_tokens {
+            Some(_) => Hooks::REQUEST | Hooks::RESPONSE_CHUNK | Hooks::RESPONSE_END,
+            None => Hooks::REQUEST,
+        }
     }
 
     fn on_chunk(&self, data: &str, pending: &mut Pending) -> ChunkAction {
@@ -274,6 +289,14 @@ impl Plugin for TokenQuota {
                 }
                 for (name, value) in rate_limit_headers(&rules_and_standings, now_ms()) {
                     req.set_response_header(&name, &value);
+                }
+                if self.config.max_output_tokens.is_none() {
+                    let weights: Vec<UsageWeights> = rules
+                        .iter()
+                        .map(|&i| self.config.rules[i].counts.usage_weights(self.config.rules[i].weights))
+                        .collect();
+                    reservation.settle_at_end(&weights).unwrap_or_else(|e| failed(&e));
+                    return Ok(Action::Continue);
                 }
                 *pending = Pending { reservation: Some(reservation), rules, model, estimate, ..Pending::default() };
                 Ok(Action::Continue)

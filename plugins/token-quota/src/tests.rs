@@ -44,6 +44,8 @@ fn end(plugin: &TokenQuota, mut pending: Pending, status: u16, usage: Option<(u3
     let summary =
         ResponseSummary { status, streamed: false, usage, body_bytes: 10, completed: usage.is_some(), duration_ms: 5 };
     plugin.on_end(&summary, &mut pending);
+    // What the gateway does for a reservation left to it.
+    sluice_plugin_sdk::testing::end_response(status, usage.map(|u| (u.prompt_tokens, u.completion_tokens)));
 }
 
 /// The fast estimate of a one-message chat's input: its body's bytes, and

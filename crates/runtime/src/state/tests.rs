@@ -115,3 +115,59 @@ async fn a_store_that_never_answers_holds_a_call_only_until_the_deadline() {
     assert!(matches!(&result, Err(PluginError::StateUnavailable(why)) if why.contains("deadline")), "{result:?}");
     assert!(took < Duration::from_secs(3), "the call took {took:?}");
 }
+
+async fn stateful(runtime: &Runtime, name: &str) -> crate::ConfiguredPlugin {
+    let module = runtime.load(wasm("stateful"), None).await.unwrap();
+    let limits = Limits { timeout: Duration::from_secs(1), max_memory_bytes: 64 << 20 };
+    let config = json!({"limit": 100, "window": "fixed:3600"});
+    let scope = Some(Scope::new("team-a", name));
+    module.configure(&format!("team-a/{name}"), &config, limits, Isolation::PerRequest, scope).await.unwrap()
+}
+
+/// What `x-state-remaining` says after a request with `headers`.
+async fn remaining(plugin: &crate::ConfiguredPlugin, headers: &[(&str, &str)]) -> (String, Vec<crate::Settlement>) {
+    let mut instance = plugin.instance().await.unwrap();
+    let mut request = test_request(headers, json!({"messages": []}).to_string());
+    let action = instance.request_filter(&mut request).await.unwrap();
+    assert!(matches!(action, crate::RequestAction::Continue), "{headers:?}");
+    let left = request.response_headers.get("x-state-remaining").unwrap().to_str().unwrap().to_owned();
+    (left, instance.take_settlements())
+}
+
+/// A reservation handed to the gateway in the request hook leaves the
+/// plugin with it, and is committed by the response's status and usage at
+/// the weights the plugin gave; without usage it stands, unless the
+/// response failed.
+#[tokio::test]
+async fn a_reservation_left_to_the_gateway_counts_the_usage_at_its_weights() {
+    let runtime = runtime(None);
+    let plugin = stateful(&runtime, "settle").await;
+    let (left, settlements) = remaining(&plugin, &[("x-state-reserve", "k=50"), ("x-state-settle", "0,1,2")]).await;
+    assert_eq!((left.as_str(), settlements.len()), ("50", 1));
+    // 10 prompt + 2 × 5 completion tokens instead of the 50 reserved.
+    crate::settle_all(settlements, 200, Some((10, 5)));
+    let (left, _) = remaining(&plugin, &[("x-state-reserve", "k=0")]).await;
+    assert_eq!(left, "80");
+    let (_, settlements) = remaining(&plugin, &[("x-state-reserve", "k=30"), ("x-state-settle", "1,1,1")]).await;
+    crate::settle_all(settlements, 200, None);
+    let (_, settlements) = remaining(&plugin, &[("x-state-reserve", "k=30"), ("x-state-settle", "1,1,1")]).await;
+    crate::settle_all(settlements, 503, None);
+    // The first stood (30); the failed one counts its request weight (1).
+    let (left, _) = remaining(&plugin, &[("x-state-reserve", "k=0")]).await;
+    assert_eq!(left, "49");
+}
+
+/// More weights than checks are refused, and nothing is left to settle.
+#[tokio::test]
+async fn settling_with_more_weights_than_checks_is_refused() {
+    let runtime = runtime(None);
+    let plugin = stateful(&runtime, "settle-twice").await;
+    let mut instance = plugin.instance().await.unwrap();
+    let headers = [("x-state-reserve", "k=5"), ("x-state-settle", "0,1,0;0,0,1")];
+    let mut request = test_request(&headers, json!({"messages": []}).to_string());
+    let action = instance.request_filter(&mut request).await.unwrap();
+    let crate::RequestAction::Respond(direct) = action else { panic!("a refusal") };
+    let error = direct.headers.iter().find(|(name, _)| name == "x-state-error").map(|(_, v)| v.as_str());
+    assert_eq!((direct.status, error), (503, Some("refused: 2 weights for a reservation of 1 checks")));
+    assert!(instance.take_settlements().is_empty());
+}

@@ -10,7 +10,9 @@
 //!   `x-state-reset`. Granted, the response carries `x-state-remaining`, and
 //!   at `response-end` the reservation is committed with `x-state-commit`'s
 //!   amount, or released with `x-state-commit: release`, or left (dropped
-//!   unsettled) without it.
+//!   unsettled) without it; or, with `x-state-settle: R,I,O[;R,I,O…]`,
+//!   handed to the gateway at once with those usage weights (`settle-at-end`),
+//!   a store error answering 503 as below.
 //! - `x-state-set: KEY=VALUE`, `x-state-get: KEY`, `x-state-delete: KEY`,
 //!   `x-state-cas: KEY=EXPECTED=VALUE` (`EXPECTED` empty: absent), with
 //!   `x-state-ttl-ms` for the sets; the outcome is in `x-state-value`,
@@ -64,6 +66,16 @@ fn window(spec: &str) -> Result<Window, String> {
     }
 }
 
+/// `R,I,O;R,I,O`: a check's request, input and output weights, each.
+fn usage_weights(spec: &str) -> Option<Vec<state::UsageWeights>> {
+    spec.split(';')
+        .map(|w| {
+            let mut n = w.split(',').map(|n| n.trim().parse::<u64>().ok());
+            Some(state::UsageWeights { request: n.next()??, input: n.next()??, output: n.next()?? })
+        })
+        .collect()
+}
+
 fn failed(error: StateError) -> RequestAction {
     let why = match error {
         StateError::Unavailable(why) => format!("unavailable: {why}"),
@@ -111,7 +123,14 @@ impl Guest for Stateful {
                 }
                 Ok(Reserved::Granted((reservation, standings))) => {
                     req.set_response_header("x-state-remaining", &standings[0].remaining.to_string());
-                    PENDING.with_borrow_mut(|p| *p = Some((reservation, req.header("x-state-commit"))));
+                    if let Some(spec) = req.header("x-state-settle") {
+                        let Some(weights) = usage_weights(&spec) else { return respond(400, vec![]) };
+                        if let Err(e) = state::settle_at_end(reservation, &weights) {
+                            return failed(e);
+                        }
+                    } else {
+                        PENDING.with_borrow_mut(|p| *p = Some((reservation, req.header("x-state-commit"))));
+                    }
                 }
             }
         }
