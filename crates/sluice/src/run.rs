@@ -237,6 +237,17 @@ pub struct StateArgs {
     /// bounded by the calling plugin's deadline too).
     #[arg(long, default_value_t = 500)]
     pub state_redis_timeout_ms: u64,
+    /// For `rediss://`: the CA (PEM) that signed Redis's certificate, e.g.
+    /// an in-cluster Redis's own, trusted instead of the webpki roots.
+    #[arg(long, value_name = "FILE")]
+    pub state_redis_ca_file: Option<PathBuf>,
+    /// For `rediss://`: a client certificate (PEM) for a Redis that asks for
+    /// one (`tls-auth-clients`), with --state-redis-client-key-file.
+    #[arg(long, value_name = "FILE", requires = "state_redis_client_key_file")]
+    pub state_redis_client_cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM; a mounted Secret).
+    #[arg(long, value_name = "FILE", requires = "state_redis_client_cert_file")]
+    pub state_redis_client_key_file: Option<PathBuf>,
 }
 
 impl StateArgs {
@@ -256,7 +267,7 @@ impl StateArgs {
     /// The Redis store, if one is named: only a URL that cannot be used, or
     /// a password file that cannot be read, stops the start.
     async fn redis(&self) -> anyhow::Result<Option<sluice_runtime::StateStore>> {
-        use sluice_runtime::sluice_state::{RedisConfig, RedisStore};
+        use sluice_runtime::sluice_state::{RedisConfig, RedisStore, RedisTls};
         let Some(url) = &self.state_redis_url else { return Ok(None) };
         let password = match &self.state_redis_password_file {
             Some(path) => Some(
@@ -267,7 +278,18 @@ impl StateArgs {
             ),
             None => std::env::var("SLUICE_STATE_REDIS_PASSWORD").ok(),
         };
+        let read = |path: &Option<PathBuf>, flag: &str| -> anyhow::Result<Option<Vec<u8>>> {
+            path.as_ref()
+                .map(|path| std::fs::read(path).with_context(|| format!("reading --{flag} {}", path.display())))
+                .transpose()
+        };
+        let tls = RedisTls {
+            ca_pem: read(&self.state_redis_ca_file, "state-redis-ca-file")?,
+            client_cert_pem: read(&self.state_redis_client_cert_file, "state-redis-client-cert-file")?,
+            client_key_pem: read(&self.state_redis_client_key_file, "state-redis-client-key-file")?,
+        };
         let config = RedisConfig {
+            tls,
             username: self.state_redis_username.clone(),
             password,
             response_timeout: Duration::from_millis(self.state_redis_timeout_ms.max(1)),

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisConfig, RedisStore};
+pub use self::redis::{RedisConfig, RedisStore, RedisTls};
 #[cfg(test)]
 mod testing;
 

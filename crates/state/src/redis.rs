@@ -35,8 +35,10 @@
 //! the connection is remade with backoff (and one Redis refused, a wrong
 //! password say, made anew at most every second), and calls work again once
 //! Redis answers, the store as it was. The connection is to one server (or
-//! a proxy in front of a cluster); `rediss://` is TLS through rustls with
-//! the webpki roots. Credentials never show in errors, logs or Debug.
+//! a proxy in front of a cluster); `rediss://` is TLS through rustls, with
+//! the webpki roots or the CA given ([`RedisTls`]), and a client
+//! certificate when Redis asks for one (`tls-auth-clients`). Credentials
+//! never show in errors, logs or Debug.
 //!
 //! [`MemoryStore`]: crate::MemoryStore
 
@@ -45,7 +47,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError, Script, ScriptInvocation};
+use redis::{
+    Client, ClientTlsConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError, Script, ScriptInvocation,
+    TlsCertificates,
+};
 
 use crate::keys::{KeyKind, redis_key};
 use crate::window::{Buckets, MAX_UNIX_MS};
@@ -85,6 +90,27 @@ pub struct RedisConfig {
     /// is [`StateError::Timeout`], whatever the connection is doing.
     pub response_timeout: Duration,
     pub limits: Limits,
+    /// For `rediss://`: whom to trust and who the gateway is.
+    pub tls: RedisTls,
+}
+
+/// TLS to Redis beyond the defaults (the webpki roots, no client
+/// certificate), in PEM.
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    /// The CA that signed Redis's certificate (an in-cluster Redis's own),
+    /// trusted instead of the webpki roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// A client certificate and its key, for a Redis that asks for one
+    /// (`tls-auth-clients yes`, its default).
+    pub client_cert_pem: Option<Vec<u8>>,
+    pub client_key_pem: Option<Vec<u8>>,
+}
+
+impl RedisTls {
+    fn is_default(&self) -> bool {
+        self.ca_pem.is_none() && self.client_cert_pem.is_none() && self.client_key_pem.is_none()
+    }
 }
 
 impl RedisConfig {
@@ -98,6 +124,7 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_millis(500),
             limits: Limits::default(),
+            tls: RedisTls::default(),
         }
     }
 }
@@ -112,6 +139,8 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("limits", &self.limits)
+            .field("tls_ca", &self.tls.ca_pem.is_some())
+            .field("tls_client_cert", &self.tls.client_cert_pem.is_some())
             .finish()
     }
 }
@@ -205,12 +234,39 @@ impl RedisStore {
         // The URL's credentials as the server gets them (percent-decoded).
         secrets.extend(settings.username().into_iter().chain(settings.password()).map(str::to_owned));
         secrets.retain(|secret| !secret.is_empty());
-        if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if tls {
             // redis-rs asks rustls for the process's provider: ring, as the
             // rest of the workspace. An already installed one is fine.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = Client::open(info.set_redis_settings(settings)).map_err(|error| invalid(error, &secrets))?;
+        let info = info.set_redis_settings(settings);
+        let client = if config.tls.is_default() {
+            Client::open(info).map_err(|error| invalid(error, &secrets))?
+        } else {
+            if !tls {
+                return Err(StateError::Unavailable(format!(
+                    "a CA or client certificate for Redis needs a rediss:// URL, not {server}"
+                )));
+            }
+            let client_tls = match (config.tls.client_cert_pem, config.tls.client_key_pem) {
+                (Some(client_cert), Some(client_key)) => Some(ClientTlsConfig { client_cert, client_key }),
+                (None, None) => None,
+                _ => {
+                    return Err(StateError::Unavailable(
+                        "a client certificate for Redis needs its key, and a key its certificate".into(),
+                    ));
+                }
+            };
+            Client::build_with_tls(info, TlsCertificates { client_tls, root_cert: config.tls.ca_pem }).map_err(
+                |error| {
+                    StateError::Unavailable(format!(
+                        "TLS to Redis at {server}: {}",
+                        scrub(&error.to_string(), &secrets)
+                    ))
+                },
+            )?
+        };
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))

@@ -1003,6 +1003,90 @@ async fn replicas_never_pass_a_limit_together() {
     assert_eq!(count(&server, &scope(), "tokens", fixed(3600), T0 / 3_600_000).await, Some(2 * LIMIT));
 }
 
+// --- TLS ------------------------------------------------------------------
+
+/// A CA's certificate, and a certificate and key it signed for `purpose`
+/// (naming `names`), in PEM.
+fn issue(
+    ca: &rcgen::CertifiedIssuer<'_, rcgen::KeyPair>,
+    names: &[&str],
+    purpose: rcgen::ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    // Named apart from the CA: a leaf named as its issuer reads as self-signed.
+    params.distinguished_name.push(rcgen::DnType::CommonName, names[0]);
+    params.extended_key_usages = vec![purpose];
+    params.use_authority_key_identifier_extension = true;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A Redis serving TLS on a second port with a certificate of a CA of its
+/// own, asking clients for a certificate of that CA (`tls-auth-clients
+/// yes`, Redis's default); its TLS URL, and TLS settings that it takes.
+fn tls_server() -> (Server, String, RedisTls) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "sluice test CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let (server_cert, server_key) = issue(&ca, &["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = issue(&ca, &["sluice-gateway"], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+    let files = tempfile::tempdir().unwrap();
+    let write = |name: &str, pem: &str| {
+        let path = files.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let tls_port = free_port();
+    let args = [
+        "--tls-port".to_string(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        write("server.pem", &server_cert),
+        "--tls-key-file".into(),
+        write("server.key", &server_key),
+        "--tls-ca-cert-file".into(),
+        write("ca.pem", &ca.pem()),
+        "--tls-auth-clients".into(),
+        "yes".into(),
+    ];
+    let server = Server::with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // The server has read its files.
+    drop(files);
+    let tls = RedisTls {
+        ca_pem: Some(ca.pem().into_bytes()),
+        client_cert_pem: Some(client_cert.into_bytes()),
+        client_key_pem: Some(client_key.into_bytes()),
+    };
+    (server, format!("rediss://127.0.0.1:{tls_port}"), tls)
+}
+
+/// `rediss://` to a Redis with a private CA that asks for client
+/// certificates: the store works with the CA and a client certificate
+/// given, and without either its calls fail as unavailable, promptly.
+#[tokio::test]
+async fn tls_with_a_private_ca_and_a_client_certificate() {
+    let (_server, url, tls) = tls_server();
+    let store = RedisStore::connect(RedisConfig { tls: tls.clone(), ..quick(url.clone()) }).await.unwrap();
+    let (granted, standing) = reserve_one(&store, "k", fixed(60), 5, 2, T0).await;
+    assert!(granted && standing.used == 2, "{standing:?}");
+    // The webpki roots do not know the CA.
+    let unknown_ca = RedisStore::connect(quick(url.clone())).await.unwrap();
+    assert_unavailable(timed(reserve_now(&unknown_ca)).await);
+    // Known, but without a client certificate Redis closes the connection.
+    let anonymous = RedisTls { client_cert_pem: None, client_key_pem: None, ..tls.clone() };
+    let anonymous = RedisStore::connect(RedisConfig { tls: anonymous, ..quick(url.clone()) }).await.unwrap();
+    assert_unavailable(timed(reserve_now(&anonymous)).await);
+    // Settings that cannot be used are refused at the start.
+    let half = RedisTls { client_key_pem: None, ..tls.clone() };
+    let error = RedisStore::connect(RedisConfig { tls: half, ..quick(url) }).await.unwrap_err();
+    assert!(error.to_string().contains("needs its key"), "{error}");
+    let plain = RedisStore::connect(RedisConfig { tls, ..quick("redis://127.0.0.1:1".into()) }).await.unwrap_err();
+    assert!(plain.to_string().contains("needs a rediss:// URL"), "{plain}");
+}
+
 // --- Redis going away -----------------------------------------------------
 
 fn quick(url: String) -> RedisConfig {
