@@ -169,7 +169,7 @@ impl Plugin for ResponseCache {
         let ttl_ms = self.config.ttl_seconds.saturating_mul(1000);
         if let Err(e) = state::set(&key, &bytes, ttl_ms) {
             // The answer has gone out; the next request is a miss.
-            host::log(LogLevel::Warn, "response-cache: not stored", &[("error", &describe(&e))]);
+            host::log(LogLevel::Warn, "response-cache: not stored", &[("error", &state::describe(&e))]);
         }
     }
 }
@@ -334,14 +334,7 @@ impl Assembled {
 /// A store that cannot answer: the plugin fails, and its failure policy
 /// decides (a cache usually fails `Open`: the request goes on uncached).
 fn failed(error: &state::StateError) -> ! {
-    panic!("response-cache: the state store failed: {}", describe(error))
-}
-
-fn describe(error: &state::StateError) -> String {
-    match error {
-        state::StateError::Unavailable(why) => format!("unavailable: {why}"),
-        state::StateError::Refused(why) => format!("refused: {why}"),
-    }
+    panic!("response-cache: the state store failed: {}", state::describe(error))
 }
 
 export_plugin!(ResponseCache);

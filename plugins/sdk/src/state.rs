@@ -52,6 +52,15 @@ impl Reservation {
     }
 }
 
+/// `unavailable: …` or `refused: …`: a store error for a log line or a
+/// panic message.
+pub fn describe(error: &StateError) -> String {
+    match error {
+        StateError::Unavailable(why) => format!("unavailable: {why}"),
+        StateError::Refused(why) => format!("refused: {why}"),
+    }
+}
+
 /// Checks every limit and, only if all fit, adds every amount, atomically:
 /// concurrent requests on any replica never pass a limit together.
 pub fn reserve(checks: &[Check]) -> Result<Reserved, StateError> {

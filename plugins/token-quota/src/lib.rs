@@ -331,7 +331,11 @@ impl Plugin for TokenQuota {
             .collect();
         if let Err(e) = reservation.commit(&amounts) {
             // The response is gone; the estimate stands.
-            host::log(LogLevel::Warn, "token-quota: the usage could not be committed", &[("error", &describe(&e))]);
+            host::log(
+                LogLevel::Warn,
+                "token-quota: the usage could not be committed",
+                &[("error", &state::describe(&e))],
+            );
         }
     }
 }
@@ -464,14 +468,7 @@ fn now_ms() -> u64 {
 /// the plugin fails, and its failure policy decides (`Closed`: the request
 /// is refused; `Open`: it goes on, uncounted, and the gateway logs it).
 fn failed(error: &StateError) -> ! {
-    panic!("token-quota: the state store failed: {}", describe(error))
-}
-
-fn describe(error: &StateError) -> String {
-    match error {
-        StateError::Unavailable(why) => format!("unavailable: {why}"),
-        StateError::Refused(why) => format!("refused: {why}"),
-    }
+    panic!("token-quota: the state store failed: {}", state::describe(error))
 }
 
 /// OpenAI's duration format for `x-ratelimit-reset-*`: `1s`, `6m0s`,
