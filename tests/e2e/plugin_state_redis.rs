@@ -1,11 +1,11 @@
 //! Plugins' shared state in a real Redis (`redis-server`), shared by two
 //! gateway processes: one quota across replicas, one cache entry seen by
-//! both, and an outage that each failure policy rides out.
+//! both, an outage that each failure policy rides out, and Redis over TLS.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Redis, Reply, Route, documents, eventually};
+use sluice_tests::{ConfigDir, Echo, Gateway, Options, Plugin, Redis, Reply, Route, TestCa, documents, eventually};
 
 /// Two routes through token-quota (10 requests an hour, for everyone),
 /// one failing closed and one open, one through the `stateful` test plugin
@@ -79,6 +79,40 @@ async fn two_replicas_share_one_quota_and_one_cache() {
     let plugins = ["stateful", "quota", "cache"];
     let under_its_tag = |k: &&str| plugins.iter().any(|p| k.starts_with(&format!("sluice:{{default/{p}}}:")));
     assert!(names.iter().all(under_its_tag), "{keys}");
+}
+
+/// `rediss://` to a Redis with a CA of its own that asks for client
+/// certificates: a replica given the CA and a client certificate counts
+/// there; one without a client certificate fails the quota's calls as the
+/// store's (a retryable 503 under `Closed`), within the plugin's deadline.
+#[tokio::test]
+async fn a_replica_reaches_redis_over_tls_with_a_client_certificate() {
+    let ca = TestCa::new("sluice test Redis CA");
+    let (echo, redis) = (Echo::start().await, Redis::start_tls(&ca).await);
+    let dir = config(&echo);
+    let files = tempfile::tempdir().unwrap();
+    let ca_file = ca.write_pem(files.path(), "ca.pem");
+    let (cert, key) = ca.write_client_cert(files.path(), "client.pem", "client.key");
+    let mut args: Vec<String> = vec!["--state-redis-url".into(), redis.tls_url(), "--state-redis-timeout-ms".into()];
+    args.extend(["500".into(), "--state-redis-ca-file".into(), ca_file.display().to_string()]);
+    let anonymous = Gateway::start_with(&dir, Options { args: args.clone(), ..Options::default() }).await;
+    args.extend(["--state-redis-client-cert-file".into(), cert.display().to_string()]);
+    args.extend(["--state-redis-client-key-file".into(), key.display().to_string()]);
+    let trusted = Gateway::start_with(&dir, Options { args, ..Options::default() }).await;
+
+    for n in 1..=3 {
+        let reply = chat(&trusted, "closed", &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.header("x-ratelimit-remaining-requests"), Some((10 - n).to_string().as_str()));
+    }
+    let keys = redis.command(&["KEYS", "sluice:{default/quota}:c:*"]);
+    assert!(keys.contains("sluice:{default/quota}:c:"), "counted in this Redis: {keys}");
+
+    let started = Instant::now();
+    let refused = chat(&anonymous, "closed", &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "state_unavailable", "{}", refused.text());
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
 }
 
 /// Redis killed mid-load: a plugin failing closed answers a retryable 503

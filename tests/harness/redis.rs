@@ -1,6 +1,7 @@
 //! A real Redis (Debian's `redis-server`) on a free loopback port, with no
 //! persistence, for plugins' shared state. It can be killed and started
-//! again on the same port, as an outage would.
+//! again on the same port, as an outage would, and serve TLS on a second
+//! port with certificates of a test CA.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -18,26 +19,66 @@ const LOG_TAIL_LINES: usize = 40;
 pub struct Redis {
     child: Option<Child>,
     addr: SocketAddr,
+    /// The TLS port's address, if it serves one.
+    tls_addr: Option<SocketAddr>,
+    /// `redis-server` arguments beyond the harness's own.
+    extra: Vec<String>,
     dir: TempDir,
 }
 
 impl Redis {
     /// Starts Redis on a free port; returns once it answers PING.
     pub async fn start() -> Redis {
+        Redis::start_with(None).await
+    }
+
+    /// Starts Redis serving TLS too, with a certificate `ca` issued for
+    /// 127.0.0.1, asking clients for a certificate of `ca` (Redis's
+    /// default, `tls-auth-clients yes`).
+    pub async fn start_tls(ca: &crate::tls::TestCa) -> Redis {
+        Redis::start_with(Some(ca)).await
+    }
+
+    async fn start_with(ca: Option<&crate::tls::TestCa>) -> Redis {
         let dir = tempfile::Builder::new().prefix("sluice-e2e-redis").tempdir().expect("creating a Redis dir");
+        let mut extra = Vec::new();
+        let mut tls_addr = None;
+        if let Some(ca) = ca {
+            let server = ca.issue_server(&["127.0.0.1"]);
+            let write = |name: &str, pem: &str| {
+                let path = dir.path().join(name);
+                std::fs::write(&path, pem).expect("writing a PEM");
+                path.display().to_string()
+            };
+            let addr = free_addr();
+            tls_addr = Some(addr);
+            extra = vec![
+                "--tls-port".into(),
+                addr.port().to_string(),
+                "--tls-cert-file".into(),
+                write("redis.pem", &server.cert_pem),
+                "--tls-key-file".into(),
+                write("redis.key", &server.key_pem),
+                "--tls-ca-cert-file".into(),
+                write("ca.pem", &ca.pem()),
+            ];
+        }
         let (child, addr) = crate::start_on_free_ports("Redis", async || {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-            let addr = listener.local_addr().expect("a bound listener has an address");
-            drop(listener);
-            start_at(addr, dir.path()).await.map(|child| (child, addr))
+            let addr = free_addr();
+            start_at(addr, dir.path(), &extra).await.map(|child| (child, addr))
         })
         .await;
-        Redis { child: Some(child), addr, dir }
+        Redis { child: Some(child), addr, tls_addr, extra, dir }
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
+    }
+
+    /// `rediss://127.0.0.1:<TLS port>`, for a Redis started with TLS.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://{}", self.tls_addr.expect("a Redis started with start_tls"))
     }
 
     /// Kills it, as a crash would: what it held is gone.
@@ -50,7 +91,7 @@ impl Redis {
     /// Starts it again on its port, empty.
     pub async fn restart(&mut self) {
         self.kill();
-        let child = start_at(self.addr, self.dir.path()).await.unwrap_or_else(|log| panic!("{log}"));
+        let child = start_at(self.addr, self.dir.path(), &self.extra).await.unwrap_or_else(|log| panic!("{log}"));
         self.child = Some(child);
     }
 
@@ -69,7 +110,14 @@ impl Drop for Redis {
     }
 }
 
-async fn start_at(addr: SocketAddr, dir: &Path) -> Result<Child, String> {
+/// A free loopback address (free when asked: a race the harness's retry
+/// on another port covers).
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
+    listener.local_addr().expect("a bound listener has an address")
+}
+
+async fn start_at(addr: SocketAddr, dir: &Path, extra: &[String]) -> Result<Child, String> {
     let binary =
         std::env::var_os("SLUICE_REDIS_SERVER").map_or_else(|| PathBuf::from("/usr/bin/redis-server"), PathBuf::from);
     assert!(binary.is_file(), "{} is missing: {INSTALL_HINT}", binary.display());
@@ -80,6 +128,7 @@ async fn start_at(addr: SocketAddr, dir: &Path) -> Result<Child, String> {
         .arg(dir)
         .arg("--logfile")
         .arg(dir.join("redis.log"))
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
