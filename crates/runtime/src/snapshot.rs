@@ -30,7 +30,10 @@
 //!
 //! The snapshot is made in the background, one at a time per runtime, with
 //! the plugin's limits: its deadline for instantiating and configuring, its
-//! memory limit, the shared guest memory budget. A guest holding more than
+//! memory limit, the shared guest memory budget. One that finds every
+//! instance slot (or the memory budget) taken by requests is tried again,
+//! 0.5 s later and then twice as long each time, five times: a busy moment
+//! does not cost a version its snapshot for good. A guest holding more than
 //! `MAX_SNAPSHOT_MEMORY` after `configure` is not snapshotted (making one
 //! copies that memory in the host), and all snapshots together hold at most
 //! `RuntimeConfig::max_snapshot_bytes`. Wizer panics on some inputs: it runs
@@ -156,13 +159,27 @@ pub(crate) fn start<M: Source>(
         };
         let started = Instant::now();
         let plugin = name.clone();
-        let runtime = tokio::runtime::Handle::current();
-        let abandoned = move || wanted.strong_count() == 0;
-        let job = move || runtime.block_on(make(&*module, name, &config, limits, hooks, log_rate, abandoned));
-        // Snapshots are made beside serving, at background priority.
-        let outcome = match crate::background::run("sluice-snapshot", job).await {
-            Ok(outcome) => outcome,
-            Err(panic) => Err(format!("the snapshot tool panicked: {panic}")),
+        let mut retry = 0;
+        let outcome = loop {
+            let runtime = tokio::runtime::Handle::current();
+            let wanted = wanted.clone();
+            let abandoned = move || wanted.strong_count() == 0;
+            let (module, name, config, log_rate) = (module.clone(), name.clone(), config.clone(), log_rate.clone());
+            let job = move || runtime.block_on(make(&*module, name, &config, limits, hooks, log_rate, abandoned));
+            // Snapshots are made beside serving, at background priority.
+            let outcome = match crate::background::run("sluice-snapshot", job).await {
+                Ok(outcome) => outcome,
+                Err(panic) => Err(format!("the snapshot tool panicked: {panic}").into()),
+            };
+            // Every instance slot taken by requests is a moment, not a
+            // property of the plugin: tried again later, not given up.
+            match outcome {
+                Err(Failed { busy: true, .. }) if retry < BUSY_RETRIES && !made.is_closed() => {
+                    tokio::time::sleep(BUSY_BACKOFF * 2u32.pow(retry)).await;
+                    retry += 1;
+                }
+                outcome => break outcome.map_err(|failed| failed.why),
+            }
         };
         let state = match outcome {
             Ok((ready, reserved)) => {
@@ -187,6 +204,36 @@ pub(crate) fn start<M: Source>(
     snapshot
 }
 
+/// How often a snapshot that found every instance slot taken is tried
+/// again, the first after [`BUSY_BACKOFF`], each wait twice the last.
+const BUSY_RETRIES: u32 = 5;
+const BUSY_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Why a snapshot was not made, and whether only because the instance pool
+/// (or the memory budget) was in use by requests at the time.
+struct Failed {
+    why: String,
+    busy: bool,
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Self {
+        Failed { why, busy: false }
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(why: &str) -> Self {
+        Failed { why: why.into(), busy: false }
+    }
+}
+
+/// A failure to instantiate, busy if the pool or the memory budget was.
+fn instantiating(context: &str, error: PluginError) -> Failed {
+    let busy = matches!(error, PluginError::Overloaded(_));
+    Failed { why: format!("{context}: {error}"), busy }
+}
+
 /// Instruments the module, configures an instance of it with every import
 /// trapping, snapshots it and compiles the snapshot. Runs on a blocking
 /// thread: instrumenting and compiling take CPU.
@@ -198,8 +245,8 @@ async fn make<M: Source>(
     hooks: Hooks,
     log_rate: Arc<RateLimit>,
     abandoned: impl Fn() -> bool,
-) -> Result<(Ready, Reserved), String> {
-    let unless_abandoned = || if abandoned() { Err("abandoned".to_string()) } else { Ok(()) };
+) -> Result<(Ready, Reserved), Failed> {
+    let unless_abandoned = || if abandoned() { Err(Failed::from("abandoned")) } else { Ok(()) };
     unless_abandoned()?;
     let engine = module.engine();
     let wizer = Wizer::new();
@@ -225,9 +272,11 @@ async fn make<M: Source>(
     let (instance, answer) = configured.await.map_err(|e| match classify(&store, e, timeout) {
         PluginError::Trap(why) if why.starts_with("unknown import: `") => {
             let import = why.split('`').nth(1).unwrap_or_default();
-            format!("it calls {import} while starting or configuring, and a snapshot cannot hold what that returns")
+            Failed::from(format!(
+                "it calls {import} while starting or configuring, and a snapshot cannot hold what that returns"
+            ))
         }
-        error => format!("configuring it with every import trapping: {error}"),
+        error => instantiating("configuring it with every import trapping", error),
     })?;
     // Its message may quote the config: it is left out.
     if answer != Ok(hooks) {
@@ -240,7 +289,8 @@ async fn make<M: Source>(
             "its memory after configure, {} MiB, is more than a snapshot may hold, {} MiB",
             mib(memory),
             mib(MAX_SNAPSHOT_MEMORY)
-        ));
+        )
+        .into());
     }
 
     // Reading the state out runs only Wizer's accessors (a global's value, a
@@ -250,7 +300,7 @@ async fn make<M: Source>(
     let mut state = Accessors { store: &mut store, instance, error: None };
     let snapshot = wizer.snapshot_component(&context, &mut state).await.map_err(|e| format!("{e:#}"));
     if let Some(error) = state.error {
-        return Err(format!("reading its state: {error}"));
+        return Err(format!("reading its state: {error}").into());
     }
     let snapshot = snapshot?;
     drop(store);
@@ -276,7 +326,7 @@ async fn make<M: Source>(
     let mut store = module.store(name, limits, log_rate);
     arm(&mut store, timeout);
     if let Err(e) = pre.instantiate_async(&mut store).await {
-        return Err(format!("starting the snapshot: {}", classify(&store, e, timeout)));
+        return Err(instantiating("starting the snapshot", classify(&store, e, timeout)));
     }
     Ok((Ready { pre, restorable: starts_nothing(&snapshot) }, reserved))
 }

@@ -444,3 +444,21 @@ fn only_a_component_whose_instantiation_runs_no_code_is_restorable() {
     truncated.truncate(truncated.len() - 3);
     assert!(!super::starts_nothing(&truncated));
 }
+
+/// A snapshot made while requests hold every instance slot is made once a
+/// slot is free, not given up for the life of the version.
+#[tokio::test]
+async fn a_snapshot_waits_for_a_free_instance_slot() {
+    let settle = Duration::from_millis(200);
+    let config = RuntimeConfig { max_instances: 1, snapshot_settle: settle, ..RuntimeConfig::default() };
+    let runtime = Runtime::new(config).unwrap();
+    let config = json!({"header": "x-team", "value": "busy"});
+    let plugin = configure(&runtime, wasm("add-header"), &config, Isolation::PerRequest).await.unwrap();
+    // A request holds the one slot past the settling time.
+    let held = plugin.instance().await.unwrap();
+    tokio::time::sleep(settle * 4).await;
+    drop(held);
+    let made = tokio::time::timeout(Duration::from_secs(30), plugin.snapshotted()).await;
+    assert_eq!(made, Ok(true), "the snapshot was given up while the slot was busy");
+    assert_eq!(plugin.instances_start_from(), InstanceStart::Snapshot);
+}
