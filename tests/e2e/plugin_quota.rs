@@ -124,6 +124,15 @@ async fn the_gateway_settles_the_reservation_without_holding_the_plugin() {
     ]);
     let options = Options { args: vec!["--max-plugin-instances".into(), "1".into()], ..Options::default() };
     let (echo, _dir, gateway) = gateway_with(rules, options).await;
+    // Snapshots first: making one takes the one instance slot too. Served
+    // as consumer `b`, whose counters the test does not read.
+    sluice_tests::eventually("both plugins' snapshots", Duration::from_secs(60), async || {
+        let _ = chat(&gateway, KEY_B, hello()).await;
+        let admin = gateway.admin_config().await;
+        let starts: Vec<&Value> = admin["plugins"].as_array()?.iter().map(|p| &p["instancesStartFrom"]).collect();
+        starts.iter().all(|start| *start == "snapshot").then_some(())
+    })
+    .await;
     echo.script().push(Step::Delay(Duration::from_millis(1500)), 1);
     let (slow, quick) = tokio::join!(chat(&gateway, KEY_A, hello()), async {
         tokio::time::sleep(Duration::from_millis(300)).await;
