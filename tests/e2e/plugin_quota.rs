@@ -146,14 +146,14 @@ async fn the_gateway_settles_the_reservation_without_holding_the_plugin() {
     };
     let used = |reply: &Reply| reply.json()["usage"]["total_tokens"].as_u64().unwrap();
     // Settled when each response ended, just after its last byte.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before = chat(&gateway, KEY_A, hello()).await;
     assert_eq!(before.status, 200, "{}", before.text());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     echo.script().push(Step::status(400), 1);
     let refused = chat(&gateway, KEY_A, hello()).await;
     assert_eq!(refused.status, 400, "{}", refused.text());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let after = chat(&gateway, KEY_A, hello()).await;
     // The same body, so the same estimate: between the two, only `before`'s
     // real usage was added to the tokens, and two requests.
