@@ -151,18 +151,18 @@ impl wit::Host for PluginState {
         if self.serving.is_none() {
             return refused("settle-at-end is for the request hook; commit the reservation instead".into());
         }
-        if weights.len() > ticket.len() {
-            return refused(format!("{} weights for a reservation of {} checks", weights.len(), ticket.len()));
-        }
         if self.settlements.len() >= MAX_SETTLEMENTS {
             return refused(format!(
                 "a plugin may leave at most {MAX_SETTLEMENTS} reservations to settle in one request"
             ));
         }
-        let weights = weights
+        let weights: Vec<_> = weights
             .into_iter()
             .map(|w| sluice_state::UsageWeights { request: w.request, input: w.input, output: w.output })
             .collect();
+        if let Err(e) = sluice_state::check_weights(&weights, &ticket) {
+            return Ok(Err(error(e)));
+        }
         self.settlements.push(Settlement { access, plugin: self.plugin.clone(), ticket, weights });
         Ok(Ok(()))
     }

@@ -159,6 +159,15 @@ pub struct UsageWeights {
     pub output: u64,
 }
 
+/// Whether `weights` can settle `ticket`: no more weights than checks, as
+/// [`Store::commit`] takes no more amounts than counters.
+pub fn check_weights(weights: &[UsageWeights], ticket: &Ticket) -> Result<(), StateError> {
+    if weights.len() > ticket.len() {
+        return Err(StateError::TooManyWeights { given: weights.len(), checks: ticket.len() });
+    }
+    Ok(())
+}
+
 /// What each check of a reservation settled at the response's end counts,
 /// given the response's status and the (prompt, completion) tokens the
 /// upstream reported; `None` when every reserved amount stands (no usage on
@@ -205,6 +214,8 @@ pub enum StateError {
     InvalidWindow(Window),
     #[error("{given} amounts for a ticket of {counters} counters")]
     TooManyAmounts { given: usize, counters: usize },
+    #[error("{given} weights for a reservation of {checks} checks")]
+    TooManyWeights { given: usize, checks: usize },
     #[error("the state store is unavailable: {0}")]
     Unavailable(String),
     #[error("the state store did not answer in time")]

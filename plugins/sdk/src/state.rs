@@ -229,17 +229,11 @@ mod imp {
     }
 
     pub fn settle_at_end(reservation: Reservation, weights: &[super::UsageWeights]) -> Result<(), StateError> {
-        if weights.len() > reservation.0.len() {
-            return Err(StateError::Refused(format!(
-                "{} weights for a reservation of {} checks",
-                weights.len(),
-                reservation.0.len()
-            )));
-        }
-        let weights = weights
+        let weights: Vec<_> = weights
             .iter()
             .map(|w| store::UsageWeights { request: w.request, input: w.input, output: w.output })
             .collect();
+        store::check_weights(&weights, &reservation.0).map_err(error)?;
         SETTLEMENTS.with(|s| s.borrow_mut().push((reservation.0, weights)));
         Ok(())
     }
