@@ -18,6 +18,7 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("probe", "probe", "wasm32-unknown-unknown"),
     ("stateful", "stateful", "wasm32-unknown-unknown"),
     ("token-quota", "token_quota", "wasm32-unknown-unknown"),
+    ("caller", "caller", "wasm32-unknown-unknown"),
     ("hostile", "hostile", "wasm32-wasip2"),
 ];
 

@@ -131,7 +131,10 @@ async fn measure(language: &str) -> Row {
 async fn configure(module: &Arc<PluginModule>, isolation: Isolation) -> ConfiguredPlugin {
     let limits = Limits { timeout: Duration::from_secs(5), max_memory_bytes: 256 << 20 };
     let config = serde_json::json!({"system": "Answer briefly.", "header": "x-team", "value": "search"});
-    module.configure("bench/decorator-lite", &config, limits, isolation, None).await.unwrap()
+    module
+        .configure("bench/decorator-lite", &config, limits, isolation, sluice_runtime::Grants::default())
+        .await
+        .unwrap()
 }
 
 fn request() -> PluginRequest {

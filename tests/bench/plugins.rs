@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sluice_core::Isolation;
-use sluice_runtime::{ConfiguredPlugin, Limits, PluginRequest, RequestAction, Runtime, RuntimeConfig};
+use sluice_runtime::{ConfiguredPlugin, Grants, Limits, PluginRequest, RequestAction, Runtime, RuntimeConfig};
 
 #[path = "example_config.rs"]
 mod example_config;
@@ -73,7 +73,8 @@ fn main() {
         let warm_up = std::fs::read(root.join("plugins/dist/add-header.wasm")).expect("built plugins");
         let warm_up = runtime.load(warm_up, None).await.unwrap();
         let config = serde_json::json!({"header": "x-team", "value": "search"});
-        let warm_up = warm_up.configure("add-header", &config, limits, Isolation::PerRequest, None).await.unwrap();
+        let warm_up =
+            warm_up.configure("add-header", &config, limits, Isolation::PerRequest, Grants::default()).await.unwrap();
         warm_up.snapshotted().await;
         warm_up.instance().await.unwrap().request_filter(&mut request()).await.unwrap();
         for name in selected() {
@@ -82,7 +83,8 @@ fn main() {
             let rss_before = rss_bytes();
             let module = runtime.load(bytes, None).await.unwrap();
             let config = example_config(&root.join(format!("plugins/{name}/example.yaml")));
-            let plugin = module.configure(name, &config, limits, Isolation::PerRequest, None).await.unwrap();
+            let plugin =
+                module.configure(name, &config, limits, Isolation::PerRequest, Grants::default()).await.unwrap();
             // Measured from its snapshot, as it serves.
             plugin.snapshotted().await;
             let request = request();
@@ -110,8 +112,12 @@ fn main() {
             // and its drop.
             let fresh =
                 new_instances.load(std::fs::read(root.join(format!("plugins/dist/{name}.wasm"))).unwrap(), None);
-            let fresh =
-                fresh.await.unwrap().configure(name, &config, limits, Isolation::PerRequest, None).await.unwrap();
+            let fresh = fresh
+                .await
+                .unwrap()
+                .configure(name, &config, limits, Isolation::PerRequest, Grants::default())
+                .await
+                .unwrap();
             fresh.snapshotted().await;
             let (instantiate, reset) = fresh_instances(&fresh).await;
             let per_request_fresh = median_of(async || {
@@ -119,8 +125,10 @@ fn main() {
                 drop(instance.request_filter(&mut request.clone()).await.unwrap());
             })
             .await;
-            let reused =
-                module.configure(name, &config, limits, Isolation::Reused { max_idle: 4 }, None).await.unwrap();
+            let reused = module
+                .configure(name, &config, limits, Isolation::Reused { max_idle: 4 }, Grants::default())
+                .await
+                .unwrap();
             let per_request_reused = median_of(async || {
                 let mut instance = reused.instance().await.unwrap();
                 drop(instance.request_filter(&mut request.clone()).await.unwrap());

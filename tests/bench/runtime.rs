@@ -85,7 +85,7 @@ fn bench(c: &mut Criterion) {
     for (name, config) in plugins() {
         let configure = async |runtime: &Runtime, isolation| {
             let module = runtime.load(plugin_bytes(name), None).await.unwrap();
-            module.configure(name, &config, LIMITS, isolation, None).await.unwrap()
+            module.configure(name, &config, LIMITS, isolation, sluice_runtime::Grants::default()).await.unwrap()
         };
         let ways = tokio.block_on(async {
             let snapshotted = configure(&with_snapshots, Isolation::PerRequest).await;
@@ -107,7 +107,8 @@ fn bench(c: &mut Criterion) {
     let (name, config) = plugins().swap_remove(0);
     let configure = async |runtime: &Runtime, isolation| {
         let module = runtime.load(plugin_bytes(name), None).await.unwrap();
-        let plugin = module.configure(name, &config, LIMITS, isolation, None).await.unwrap();
+        let plugin =
+            module.configure(name, &config, LIMITS, isolation, sluice_runtime::Grants::default()).await.unwrap();
         plugin.snapshotted().await;
         plugin
     };

@@ -120,7 +120,16 @@ async fn quota_rows(name: &str, state: Option<StateStore>, redis: Option<&Redis>
     ]});
     let limits = PluginLimits { timeout: Duration::from_secs(1), max_memory_bytes: 64 << 20 };
     let scope = Some(Scope::new("bench", "quota"));
-    let plugin = module.configure("bench/quota", &rules, limits, Isolation::PerRequest, scope).await.unwrap();
+    let plugin = module
+        .configure(
+            "bench/quota",
+            &rules,
+            limits,
+            Isolation::PerRequest,
+            sluice_runtime::Grants { state: scope, egress: None },
+        )
+        .await
+        .unwrap();
     plugin.snapshotted().await;
     let body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello there"}],"max_tokens":100}"#;
     let summary = ResponseSummary {

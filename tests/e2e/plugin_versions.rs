@@ -1,5 +1,5 @@
-//! Plugins built against `sluice:plugin@0.2.0` and `0.3.0` (kept byte for
-//! byte in tests/fixtures/plugins-v0.2 and plugins-v0.3.0) and against the
+//! Plugins built against `sluice:plugin@0.2.0`, `0.3.0` and `0.3.1` (kept
+//! byte for byte in tests/fixtures/plugins-v<version>) and against the
 //! current version (plugins/dist) serve in one chain: each sees the edits of
 //! the ones before it, whichever version made them, and each can mark the
 //! response.
@@ -121,4 +121,43 @@ async fn plugins_built_for_0_3_0_serve_beside_0_3_1_ones() {
     assert_eq!(refused.status, 401, "{}", refused.text());
     let again = gateway.post("/v1/chat/completions", body.to_string(), &headers).await;
     assert_eq!(again.header("x-state-remaining"), Some("1"), "{}", again.text());
+}
+
+/// Components built for 0.3.1 (tests/fixtures/plugins-v0.3.1): add-header,
+/// the stateful test plugin and token-quota, which hands its reservation to
+/// the gateway (`settle-at-end`), serve unchanged beside a 0.3.2 plugin that
+/// routes the request (`set-model`) and imports outbound HTTP.
+#[tokio::test]
+async fn plugins_built_for_0_3_1_serve_beside_0_3_2_ones() {
+    let echo = Echo::start().await;
+    let quota =
+        json!({"rules": [{"name": "tokens", "counts": "tokens", "limit": 1000000, "window": {"fixed": 86400}}]});
+    let plugins = [
+        Plugin::at("old-header", fixture_of("0.3.1", "add-header")).config(json!({"header": "x-old", "value": "0.3.1",
+            "responseHeader": {"name": "x-marked-by-old", "value": "0.3.1"}})),
+        Plugin::at("old-stateful", fixture_of("0.3.1", "stateful"))
+            .config(json!({"limit": 5, "window": "fixed:3600"}))
+            .state(json!({})),
+        Plugin::at("old-quota", fixture_of("0.3.1", "token-quota")).config(quota).state(json!({})).timeout_ms(1000),
+        Plugin::new("router", "caller").egress(json!({"destinations": [{"url": "http://127.0.0.1:9"}]})),
+    ];
+    let names: Vec<&str> = plugins.iter().map(Plugin::name).collect();
+    let dir = ConfigDir::new();
+    dir.write("plugins.yaml", &documents(&plugins.iter().map(Plugin::yaml).collect::<Vec<_>>()));
+    dir.write("route.yaml", &Route::new("chat", &["gpt-test", "gpt-alt"], &echo.url()).plugins(&names).yaml());
+    let gateway = Gateway::start(&dir).await;
+
+    let admin = gateway.admin_config().await;
+    assert_eq!(admin["errors"], json!([]), "{admin}");
+    assert_eq!(admin["routes"][0]["plugins"].as_array().map(Vec::len), Some(4), "all four load: {admin}");
+
+    let body = json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hello"}]});
+    let headers = [("x-state-reserve", "requests=2"), ("x-route-model", "gpt-alt")];
+    let reply = gateway.post("/v1/chat/completions", body.to_string(), &headers).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("x-state-remaining"), Some("3"), "the 0.3.1 stateful plugin counts");
+    assert_eq!(reply.header("x-marked-by-old"), Some("0.3.1"));
+    assert!(reply.header("x-ratelimit-remaining-tokens").is_some(), "the 0.3.1 quota answers");
+    let echoed = reply.echoed();
+    assert_eq!((&echoed["headers"]["x-old"], &echoed["model"]), (&json!("0.3.1"), &json!("gpt-alt")), "{echoed}");
 }

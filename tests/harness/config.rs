@@ -60,6 +60,7 @@ pub struct Plugin {
     auth_phase: bool,
     endpoints: Option<Vec<String>>,
     state: Option<Value>,
+    egress: Option<Value>,
 }
 
 impl Plugin {
@@ -77,6 +78,7 @@ impl Plugin {
             auth_phase: false,
             endpoints: None,
             state: None,
+            egress: None,
         }
     }
 
@@ -147,6 +149,12 @@ impl Plugin {
         self
     }
 
+    /// `egress`: grants outbound HTTP (`{"destinations": [{"url": ...}]}`).
+    pub fn egress(mut self, grant: Value) -> Plugin {
+        self.egress = Some(grant);
+        self
+    }
+
     /// `isolation: Reused`, keeping at most `max_idle` idle instances.
     pub fn reused(mut self, max_idle: u32) -> Plugin {
         self.reused = Some(max_idle);
@@ -190,6 +198,9 @@ impl Plugin {
         if let Some(state) = &self.state {
             spec += &format!("  state: {state}\n");
         }
+        if let Some(egress) = &self.egress {
+            spec += &format!("  egress: {egress}\n");
+        }
         document("GatewayPlugin", &self.name, &spec)
     }
 }
@@ -209,13 +220,20 @@ pub struct Route {
 #[derive(Clone, Debug)]
 pub struct Backend {
     url: String,
+    name: Option<String>,
     model: Option<String>,
     api_key_env: Option<String>,
 }
 
 impl Backend {
     pub fn new(url: &str) -> Backend {
-        Backend { url: url.to_string(), model: None, api_key_env: None }
+        Backend { url: url.to_string(), name: None, model: None, api_key_env: None }
+    }
+
+    /// Its `name` in the route, which plugins may route to.
+    pub fn name(mut self, name: &str) -> Backend {
+        self.name = Some(name.to_string());
+        self
     }
 
     /// The model name sent upstream in place of the client's.
@@ -270,6 +288,9 @@ impl Route {
         let mut spec = format!("  models: {}\n  backends:\n", Value::from(self.models.clone()));
         for backend in &self.backends {
             spec += &format!("    - url: {}\n", Value::from(backend.url.as_str()));
+            if let Some(name) = &backend.name {
+                spec += &format!("      name: {name}\n");
+            }
             if let Some(model) = &backend.model {
                 spec += &format!("      model: {}\n", Value::from(model.as_str()));
             }

@@ -7,8 +7,8 @@ mod route;
 
 pub use documents::{Document, DocumentError, parse_documents};
 pub use plugin::{
-    ConfigFromSpec, FailurePolicySpec, GatewayPlugin, GatewayPluginSpec, GatewayPluginStatus, IsolationSpec, PhaseSpec,
-    PluginSourceSpec, PullPolicySpec, StateSpec, ValueFormat,
+    ConfigFromSpec, EgressDestinationSpec, EgressSpec, FailurePolicySpec, GatewayPlugin, GatewayPluginSpec,
+    GatewayPluginStatus, IsolationSpec, PhaseSpec, PluginSourceSpec, PullPolicySpec, StateSpec, ValueFormat,
 };
 pub use route::{
     AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, BackendTimeoutsSpec, BackendTlsSpec, BackoffSpec,

@@ -5,7 +5,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sluice_core::{FailurePolicy, Isolation, Phase, PluginDecl, PluginSource, PullPolicy, ResourceKey, StateGrant};
+use sluice_core::{
+    EgressDestination, EgressGrant, FailurePolicy, Isolation, Pem, Phase, PluginDecl, PluginSource, PullPolicy,
+    ResourceKey, StateGrant,
+};
 
 use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
 
@@ -99,6 +102,57 @@ pub struct GatewayPluginSpec {
     /// is refused at load. `{}` grants it with the gateway's per-plugin caps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<StateSpec>,
+    /// Grants outbound HTTP (`wasi:http/outgoing-handler`, each language's
+    /// usual client) to the listed destinations and nowhere else: no other
+    /// host, port or scheme, no redirect elsewhere, and no loopback,
+    /// link-local or cloud-metadata address unless a destination names it
+    /// by address. A component that imports outbound HTTP without this
+    /// grant is refused at load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
+}
+
+/// Where a plugin may call, and its caps; each cap is at most the
+/// gateway's (`--egress-max-response-bytes`,
+/// `--egress-max-concurrent-calls`), which applies where none is given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressSpec {
+    /// The destinations, as `https://host[:port]` or `http://host[:port]`.
+    #[schemars(length(min = 1, max = 32))]
+    pub destinations: Vec<EgressDestinationSpec>,
+    /// Each call's deadline in milliseconds (default: what is left of the
+    /// plugin's `timeoutMs`, which bounds every call anyway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60000))]
+    pub timeout_ms: Option<u32>,
+    /// The largest response body a call may read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_response_bytes: Option<u64>,
+    /// Calls in flight at once over all the plugin's instances; one more
+    /// is refused at once, not queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_calls: Option<u32>,
+}
+
+/// One destination a plugin may call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressDestinationSpec {
+    /// `https://host[:port]` or `http://host[:port]`: no path. The host is
+    /// a DNS name or an IP address.
+    #[schemars(regex(pattern = "^https?://"))]
+    pub url: String,
+    /// A PEM file of CA certificates trusted for this destination besides
+    /// the public roots (standalone mode; in Kubernetes use `caSecretRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// A Secret in the plugin's namespace whose `ca.crt` is trusted for
+    /// this destination besides the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<LocalObjectReference>,
 }
 
 /// A plugin's shared state and its caps; each cap is at most the gateway's
@@ -236,6 +290,33 @@ pub struct GatewayPluginStatus {
     pub replicas: Vec<ReplicaStatus>,
 }
 
+/// The grant `spec.egress` asks for; a `caSecretRef` is left for the
+/// Kubernetes controller to resolve.
+fn egress_grant(spec: &EgressSpec, base_dir: &std::path::Path) -> Result<EgressGrant, String> {
+    if spec.destinations.is_empty() || spec.destinations.len() > 32 {
+        return Err("spec.egress.destinations needs 1 to 32 destinations".into());
+    }
+    let mut destinations = Vec::with_capacity(spec.destinations.len());
+    for (i, d) in spec.destinations.iter().enumerate() {
+        let mut destination =
+            EgressDestination::parse(d.url.trim()).map_err(|e| format!("spec.egress.destinations[{i}].url: {e}"))?;
+        if d.ca_file.is_some() && d.ca_secret_ref.is_some() {
+            return Err(format!("spec.egress.destinations[{i}]: set caFile or caSecretRef, not both"));
+        }
+        if (d.ca_file.is_some() || d.ca_secret_ref.is_some()) && !destination.https {
+            return Err(format!("spec.egress.destinations[{i}]: a CA applies to https:// destinations only"));
+        }
+        destination.ca = d.ca_file.as_ref().map(|f| Pem::File(base_dir.join(f)));
+        destinations.push(destination);
+    }
+    Ok(EgressGrant {
+        destinations,
+        timeout: spec.timeout_ms.map(|ms| Duration::from_millis(ms.max(1).into())),
+        max_response_bytes: spec.max_response_bytes,
+        max_concurrent_calls: spec.max_concurrent_calls,
+    })
+}
+
 fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "description": "Plugin configuration, handed to the plugin's `configure` as JSON.",
@@ -247,7 +328,10 @@ impl GatewayPlugin {
     /// Names of the Secrets this plugin reads, in its namespace.
     pub fn secret_names(&self) -> impl Iterator<Item = &str> {
         let config = self.spec.config_from.iter().map(|c| c.secret_key_ref.name.as_str());
-        config.chain(self.spec.source.pull_secret_ref.iter().map(|r| r.name.as_str()))
+        let egress = self.spec.egress.iter().flat_map(|e| &e.destinations);
+        config
+            .chain(self.spec.source.pull_secret_ref.iter().map(|r| r.name.as_str()))
+            .chain(egress.filter_map(|d| d.ca_secret_ref.as_ref()).map(|r| r.name.as_str()))
     }
 
     pub fn key(&self) -> ResourceKey {
@@ -310,6 +394,7 @@ impl GatewayPlugin {
                 * 1024,
             endpoints: crate::route::endpoints(spec.endpoints.as_deref()).map_err(|e| format!("spec.{e}"))?,
             state: spec.state.as_ref().map(|state| StateGrant { max_keys: state.max_keys, max_bytes: state.max_bytes }),
+            egress: spec.egress.as_ref().map(|egress| egress_grant(egress, base_dir)).transpose()?,
             isolation: match spec.isolation {
                 IsolationSpec::PerRequest => Isolation::PerRequest,
                 IsolationSpec::Reused => Isolation::Reused {

@@ -305,6 +305,11 @@ pub struct BackendSpec {
     /// Base URL, e.g. `https://api.openai.com/v1`; `/chat/completions` etc. are appended.
     #[schemars(regex(pattern = "^https?://"))]
     pub url: String,
+    /// A name for the backend, unique in the route (a DNS label): a plugin
+    /// routes a request to it by name (`set-backend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    pub name: Option<String>,
     /// Model name sent upstream in place of the client's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -399,7 +404,13 @@ impl AIModelRoute {
             return Err("spec.backends is empty".into());
         }
         let key = self.key();
-        let backends = spec.backends.iter().map(|b| backend_decl(b, base_dir)).collect::<Result<_, _>>()?;
+        let backends: Vec<BackendDecl> =
+            spec.backends.iter().map(|b| backend_decl(b, base_dir)).collect::<Result<_, _>>()?;
+        let mut names: Vec<&str> = backends.iter().filter_map(|b| b.name.as_deref()).collect();
+        names.sort_unstable();
+        if let Some(twice) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(format!("spec.backends: two backends are named `{}`", twice[0]));
+        }
         let mut route = RouteDecl::new(key, spec.models.clone());
         route.backends = backends;
         route.plugins =
@@ -477,6 +488,16 @@ fn backend_decl(b: &BackendSpec, base_dir: &std::path::Path) -> Result<BackendDe
         _ => return Err("a backend sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
     };
     let mut decl = BackendDecl::new(url);
+    if let Some(name) = &b.name {
+        let label = name.len() <= 63
+            && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !label || name.is_empty() {
+            return Err(format!("backend name `{name}` is not a DNS label (lower-case letters, digits, `-`)"));
+        }
+        decl.name = Some(name.clone());
+    }
     decl.model = b.model.clone();
     decl.api_key = api_key;
     decl.provider = match b.provider.unwrap_or_default() {

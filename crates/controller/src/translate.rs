@@ -81,6 +81,11 @@ fn resolve_plugin(
     if let Some(file) = &plugin.spec.source.file {
         host_file(tenancy, "source.file", file)?;
     }
+    for destination in plugin.spec.egress.iter().flat_map(|e| &e.destinations) {
+        if let Some(file) = &destination.ca_file {
+            host_file(tenancy, "egress caFile", file)?;
+        }
+    }
     let mut decl = plugin.decl(Path::new("/")).map_err(Problem::invalid)?;
     let namespace = decl.key.namespace.clone();
     for from in &plugin.spec.config_from {
@@ -107,6 +112,25 @@ fn resolve_plugin(
         && let PluginSource::Oci { credentials, .. } = &mut decl.source
     {
         *credentials = Some(pull_credentials(secrets, &namespace, &reference.name, redactions)?);
+    }
+    if let (Some(grant), Some(spec)) = (&mut decl.egress, &plugin.spec.egress) {
+        for (destination, spec) in grant.destinations.iter_mut().zip(&spec.destinations) {
+            let Some(reference) = &spec.ca_secret_ref else { continue };
+            let secret = secrets.get(&namespace, &reference.name).ok_or_else(|| {
+                Problem::unresolved(
+                    reason::SECRET_NOT_FOUND,
+                    format!("Secret {namespace}/{} (egress caSecretRef) does not exist", reference.name),
+                )
+            })?;
+            let ca =
+                secret_bytes(&secret, "ca.crt").and_then(|bytes| String::from_utf8(bytes).ok()).ok_or_else(|| {
+                    Problem::unresolved(
+                        reason::SECRET_NOT_FOUND,
+                        format!("Secret {namespace}/{} (egress caSecretRef) holds no ca.crt", reference.name),
+                    )
+                })?;
+            destination.ca = Some(sluice_core::Pem::Value(sluice_core::Secret::new(ca)));
+        }
     }
     // Without a pull Secret of its own, a plugin pulls with the operator's
     // credentials only where the operator lends them.

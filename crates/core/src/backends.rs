@@ -104,12 +104,8 @@ impl BackendPolicy {
             return None;
         }
         let ip = ip.to_canonical();
-        let what = FORBIDDEN
-            .iter()
-            .find(|(range, _)| range.contains(ip))
-            .map(|(_, what)| *what)
-            .or_else(|| AWS_METADATA_V6.contains(ip).then_some("cloud metadata"))
-            .or_else(|| self.own_addresses.contains(&ip).then_some("the gateway's own address"));
+        let what =
+            forbidden_range(ip).or_else(|| self.own_addresses.contains(&ip).then_some("the gateway's own address"));
         let what = what?;
         let own = what != "cloud metadata" && what != "link-local (cloud metadata)" && what != "link-local";
         if own && self.own_ports.contains(&port) {
@@ -158,6 +154,17 @@ impl BackendPolicy {
         let default_port = if scheme.eq_ignore_ascii_case("https") { 443 } else { 80 };
         self.refuses_host(host, port.unwrap_or(default_port)).map(|why| format!("backend url `{url}`: {why}"))
     }
+}
+
+/// Which of the ranges a restricted gateway refuses `ip` is in, if any:
+/// [`FORBIDDEN`] and AWS's IPv6 metadata address.
+pub fn forbidden_range(ip: IpAddr) -> Option<&'static str> {
+    let ip = ip.to_canonical();
+    FORBIDDEN
+        .iter()
+        .find(|(range, _)| range.contains(ip))
+        .map(|(_, what)| *what)
+        .or_else(|| AWS_METADATA_V6.contains(ip).then_some("cloud metadata"))
 }
 
 /// The addresses of this host's interfaces, from /proc (Linux): what a pod

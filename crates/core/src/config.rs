@@ -256,6 +256,10 @@ pub struct PluginDecl {
     /// Shared state (`sluice:plugin/state`), if granted: a component that
     /// imports it without a grant is refused at load.
     pub state: Option<StateGrant>,
+    /// Outbound HTTP (`wasi:http/outgoing-handler`), if granted: the only
+    /// destinations the plugin may reach. A component that imports it
+    /// without a grant is refused at load.
+    pub egress: Option<EgressGrant>,
 }
 
 /// A plugin's grant of shared state, with its own caps: each at most the
@@ -266,6 +270,88 @@ pub struct StateGrant {
     pub max_keys: Option<u64>,
     /// Bytes of keys and values the plugin may hold at once.
     pub max_bytes: Option<u64>,
+}
+
+/// A plugin's grant of outbound HTTP: where it may call, and its caps, each
+/// at most the gateway's (`--egress-*`), which apply where none is given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EgressGrant {
+    pub destinations: Vec<EgressDestination>,
+    /// Each call's deadline; the hook's own deadline always applies too.
+    pub timeout: Option<Duration>,
+    pub max_response_bytes: Option<u64>,
+    /// Calls of this plugin in flight at once, over all its instances;
+    /// one past it is refused, not queued.
+    pub max_concurrent_calls: Option<u32>,
+}
+
+/// One destination a plugin may call: a scheme, a host and a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EgressDestination {
+    pub https: bool,
+    /// A lower-case DNS name, or an IP address (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// CA certificates trusted for this destination besides the gateway's.
+    pub ca: Option<crate::Pem>,
+}
+
+impl EgressDestination {
+    /// `https://host:port`, as the grant is shown.
+    pub fn origin(&self) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        match self.host.contains(':') {
+            true => format!("{scheme}://[{}]:{}", self.host, self.port),
+            false => format!("{scheme}://{}:{}", self.host, self.port),
+        }
+    }
+
+    /// Parses `http(s)://host[:port]`: no path (but `/`), query, user info
+    /// or fragment, and a host that is a DNS name or an IP address.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (false, rest)
+        } else {
+            return Err(format!("`{url}` is not an http:// or https:// URL"));
+        };
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+            return Err(format!("`{url}` must be scheme://host[:port], with no path, query or user"));
+        }
+        let default_port = if https { 443 } else { 80 };
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| format!("`{url}`: unclosed `[`"))?;
+            host.parse::<std::net::Ipv6Addr>().map_err(|_| format!("`{url}`: `{host}` is not an IPv6 address"))?;
+            let port = match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None if after.is_empty() => None,
+                None => return Err(format!("`{url}`: unexpected `{after}` after the address")),
+            };
+            (host.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((host, port)) => (host.to_string(), Some(port)),
+                None => (authority.to_string(), None),
+            }
+        };
+        let port = match port {
+            None => default_port,
+            Some(port) => {
+                port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("`{url}`: bad port `{port}`"))?
+            }
+        };
+        let host = host.to_ascii_lowercase();
+        let dns = host.len() <= 253
+            && host.split('.').all(|label| {
+                !label.is_empty() && label.len() <= 63 && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !dns && host.parse::<std::net::IpAddr>().is_err() {
+            return Err(format!("`{url}`: `{host}` is not a DNS name or an IP address"));
+        }
+        Ok(Self { https, host, port, ca: None })
+    }
 }
 
 impl PluginDecl {
@@ -286,6 +372,8 @@ pub enum ApiKeySource {
 pub struct BackendDecl {
     /// Base URL, e.g. `http://127.0.0.1:9000/v1`.
     pub url: String,
+    /// Its name in the route, if it has one: a plugin may route to it.
+    pub name: Option<String>,
     /// Model name to send upstream instead of the client's.
     pub model: Option<String>,
     pub api_key: Option<ApiKeySource>,
@@ -306,6 +394,7 @@ impl BackendDecl {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            name: None,
             model: None,
             api_key: None,
             provider: Provider::OpenAi,
@@ -455,6 +544,28 @@ mod tests {
 
     fn route(name: &str, models: &[&str]) -> RouteDecl {
         RouteDecl::new(ResourceKey::new("default", name), models.iter().map(|m| m.to_string()).collect())
+    }
+
+    #[test]
+    fn egress_destinations_parse_to_scheme_host_and_port() {
+        let parsed = |url: &str| EgressDestination::parse(url).map(|d| d.origin());
+        assert_eq!(parsed("https://Api.Example.com").unwrap(), "https://api.example.com:443");
+        assert_eq!(parsed("http://10.0.0.7:8080/").unwrap(), "http://10.0.0.7:8080");
+        assert_eq!(parsed("http://[fd00:ec2::254]").unwrap(), "http://[fd00:ec2::254]:80");
+        for bad in [
+            "ftp://x",
+            "https://",
+            "https://x/path",
+            "https://x?q",
+            "https://user@x",
+            "https://x:0",
+            "https://x:99999",
+            "https://under_score",
+            "http://[::1",
+            "https://x:80:80",
+        ] {
+            assert!(parsed(bad).is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

@@ -14,8 +14,9 @@ pub mod routing;
 pub use account::Account;
 pub use backends::{BackendPolicy, Cidr};
 pub use config::{
-    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, FailurePolicy, Isolation, ModelConflict, Phase, PluginDecl,
-    PluginSource, PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret, StateGrant,
+    ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, EgressDestination, EgressGrant, FailurePolicy, Isolation,
+    ModelConflict, Phase, PluginDecl, PluginSource, PullPolicy, RegistryCredentials, ResourceError, ResourceKey,
+    RouteDecl, Secret, StateGrant,
 };
 pub use error::{ApiError, ErrorType};
 pub use redact::Redactions;

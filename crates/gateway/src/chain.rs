@@ -15,7 +15,7 @@ use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestA
 use sluice_telemetry::{Hook, Outcome, RequestRecord};
 
 use crate::body::{Body, error_response, full};
-use crate::snapshot::{LoadedPlugin, Route};
+use crate::snapshot::{LoadedPlugin, Route, Snapshot};
 
 /// The hooks that keep an instance alive past the request phase.
 pub fn response_hooks() -> Hooks {
@@ -36,6 +36,10 @@ pub struct Outgoing {
     /// A plugin reads the response body (its headers then ask for it
     /// unencoded: [`crate::headers`]).
     pub plugins_read_response: bool,
+    /// The model a plugin routed the request to (`set-model`), checked.
+    pub routed_model: Option<String>,
+    /// The backend of the route a plugin chose (`set-backend`), checked.
+    pub routed_backend: Option<String>,
 }
 
 impl Outgoing {
@@ -43,7 +47,16 @@ impl Outgoing {
         let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
-        Self { method: parts.method, path, headers, body, chat: None, plugins_read_response: false }
+        Self {
+            method: parts.method,
+            path,
+            headers,
+            body,
+            chat: None,
+            plugins_read_response: false,
+            routed_model: None,
+            routed_backend: None,
+        }
     }
 }
 
@@ -136,12 +149,13 @@ fn plugin_request(route: &Route, model: &str, outgoing: &mut Outgoing, max_body_
 /// Runs the route's request hooks in chain order. A body a plugin writes is
 /// held to `max_body_bytes`, like the client's.
 pub async fn request_filters(
-    route: &Route,
+    routing: Routing<'_>,
     model: &str,
     outgoing: &mut Outgoing,
     max_body_bytes: usize,
     record: &mut RequestRecord,
 ) -> Result<Filtered, ApiError> {
+    let route = routing.route;
     // A route without plugins forwards the request as it came: nothing to
     // build for plugins (4 of a plain hop's 47 allocations).
     if route.chain.is_empty() {
@@ -150,23 +164,82 @@ pub async fn request_filters(
     // Boxed: the hooks' futures hold a plugin call's state (4 KiB), and
     // every request's future would carry it, copied whole as hyper takes
     // the future in, plugins or not.
-    Box::pin(run_chain(route, model, outgoing, max_body_bytes, record)).await
+    Box::pin(run_chain(routing, model, outgoing, max_body_bytes, record)).await
+}
+
+/// Where a routing decision may send a request: the models its route
+/// serves, those of the routes of its namespace that serve its endpoint,
+/// and the backends of the route that serves the model chosen.
+#[derive(Clone, Copy)]
+pub struct Routing<'a> {
+    pub route: &'a Route,
+    pub snapshot: &'a Snapshot,
+    pub endpoint: &'a str,
+}
+
+impl<'a> Routing<'a> {
+    /// The route that would serve `model` for this request, if a plugin
+    /// may route it there: never another namespace's (its backends and
+    /// keys are another tenant's), as for fallbacks.
+    pub fn route_for(&self, model: &str) -> Result<&'a Route, String> {
+        if self.route.decl.models.iter().any(|m| m == model) {
+            return Ok(self.route);
+        }
+        let namespace = &self.route.decl.key.namespace;
+        match self.snapshot.routed(model) {
+            Some((route, _)) if route.decl.key.namespace == *namespace && route.endpoints.contains(self.endpoint) => {
+                Ok(route)
+            }
+            Some((route, _)) if route.decl.key.namespace == *namespace => {
+                Err(format!("it routed the request to model `{model}`, whose route does not serve {}", self.endpoint))
+            }
+            _ => Err(format!(
+                "it routed the request to model `{model}`, which no route of namespace `{namespace}` serves"
+            )),
+        }
+    }
+
+    /// Checks the routing decisions `plugin` made in its hook.
+    fn check(&self, plugin: &LoadedPlugin, request: &PluginRequest) -> Result<(), PluginError> {
+        if !request.rerouted && request.backend.is_none() {
+            return Ok(());
+        }
+        if plugin.decl.phase == Phase::Auth {
+            return Err(PluginError::InvalidEdit(
+                "it made a routing decision in the auth phase, which runs before routing".into(),
+            ));
+        }
+        let route = match request.rerouted {
+            true => self.route_for(&request.model).map_err(PluginError::InvalidEdit)?,
+            false => self.route,
+        };
+        if let Some(name) = &request.backend
+            && !route.decl.backends.iter().any(|b| b.name.as_deref() == Some(name.as_str()))
+        {
+            return Err(PluginError::InvalidEdit(format!(
+                "it chose backend `{name}`, which route {} does not name",
+                route.label
+            )));
+        }
+        Ok(())
+    }
 }
 
 async fn run_chain(
-    route: &Route,
+    routing: Routing<'_>,
     model: &str,
     outgoing: &mut Outgoing,
     max_body_bytes: usize,
     record: &mut RequestRecord,
 ) -> Result<Filtered, ApiError> {
+    let route = routing.route;
     let mut request = plugin_request(route, model, outgoing, max_body_bytes);
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.
     let mut marks = Vec::new();
     let mut settlements = Vec::new();
     for (i, plugin) in route.chain.iter().enumerate() {
-        let step = request_filter(plugin, &mut request, Some(&mut *record), &mut settlements).await?;
+        let step = request_filter(plugin, routing, &mut request, Some(&mut *record), &mut settlements).await?;
         marks.push(std::mem::take(&mut request.response_headers));
         let auth_phase_ends = plugin.decl.phase == Phase::Auth
             && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
@@ -190,6 +263,8 @@ async fn run_chain(
     outgoing.headers = request.headers;
     // Written here, once, if plugins edited it in place.
     outgoing.body = request.body.bytes();
+    outgoing.routed_model = request.rerouted.then_some(request.model);
+    outgoing.routed_backend = request.backend;
     Ok(Filtered::Forward(engaged, response_marks(marks), settlements))
 }
 
@@ -255,6 +330,7 @@ enum Step {
 /// settle at the response's end go to `settlements`.
 async fn request_filter(
     plugin: &LoadedPlugin,
+    routing: Routing<'_>,
     request: &mut PluginRequest,
     mut record: Option<&mut RequestRecord>,
     settlements: &mut Vec<Settlement>,
@@ -262,7 +338,7 @@ async fn request_filter(
     let before = (plugin.decl.failure_policy == FailurePolicy::Open).then(|| request.clone());
     let started = Instant::now();
     let request_id = record.as_ref().map(|record| record.id.clone());
-    let result = run_request_filter(plugin, request, request_id, settlements).await;
+    let result = run_request_filter(plugin, routing, request, request_id, settlements).await;
     // A plugin without a request hook only had an instance made here (for
     // its response hooks): not a call, unless that failed.
     let called = plugin.hooks().contains(Hooks::REQUEST) || result.is_err();
@@ -303,6 +379,7 @@ pub fn outcome(error: &PluginError) -> Outcome {
 
 async fn run_request_filter(
     plugin: &LoadedPlugin,
+    routing: Routing<'_>,
     request: &mut PluginRequest,
     request_id: Option<Arc<str>>,
     settlements: &mut Vec<Settlement>,
@@ -317,6 +394,9 @@ async fn run_request_filter(
     }
     if hooks.contains(Hooks::REQUEST) {
         let action = instance.request_filter(request).await?;
+        // A decision it may not make fails it, under its failure policy
+        // (`Open` undoes its edits, the decision included).
+        routing.check(plugin, request)?;
         // Only from a hook that returned: a failed one's reservations stay
         // counted as reserved, as its edits are undone.
         settlements.extend(instance.take_settlements());

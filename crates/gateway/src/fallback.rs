@@ -12,7 +12,7 @@ use sluice_telemetry::metrics::FallbackLabels;
 use sluice_telemetry::{Label, RequestRecord};
 
 use crate::body::Body;
-use crate::chain::{Filtered, Outgoing, Refusal, request_filters};
+use crate::chain::{Filtered, Outgoing, Refusal, Routing, request_filters};
 use crate::forward::forward;
 use crate::gateway::Gateway;
 use crate::response::{self, BodyLimits};
@@ -40,6 +40,11 @@ pub(crate) async fn walk(
     // The client's request is kept for a fallback only if there may be one.
     let mut client_request = Some(client_request);
     let mut hops = 0;
+    // What the chains of routes a plugin routed away from left waiting for
+    // the response: their instances, marks and reservations.
+    let mut routed_from: Option<Filtered> = None;
+    // The backend a plugin chose on the route it routed the request to.
+    let mut chosen_backend: Option<String> = None;
     loop {
         let route = hop.route;
         record.route = Some(route.label.clone());
@@ -51,11 +56,15 @@ pub(crate) async fn walk(
         if hops > 0 {
             outgoing.body = crate::json::rewrite_model(&outgoing.body, &hop.model)?;
         }
+        let routing = Routing { route, snapshot, endpoint };
         let filtered =
-            request_filters(route, &hop.model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
-        let (engaged, response_headers, settlements) = match filtered {
+            request_filters(routing, &hop.model, &mut outgoing, gateway.settings.max_body_bytes, record).await?;
+        let (mut engaged, mut response_headers, mut settlements) = match filtered {
             Filtered::Forward(engaged, response_headers, settlements) => (engaged, response_headers, settlements),
             Filtered::Respond(response) => {
+                if let Some(Filtered::Forward(_, _, earlier)) = routed_from.take() {
+                    settle_all(earlier, response.status().as_u16(), None);
+                }
                 // A plugin's refusal a fallback names (context-trim's
                 // `context_length_exceeded`) moves the request too.
                 let refused = response.extensions().get::<Refusal>().map(|r| r.0);
@@ -69,6 +78,49 @@ pub(crate) async fn walk(
                 return Ok(response);
             }
         };
+        // A plugin routed the request to another model: on this route, it
+        // goes on as that model; on another route of the namespace, it moves
+        // there as if the client had asked for it (that route's chain,
+        // backends, retries and fallbacks), as the edited request, and this
+        // chain's instances wait for the response it gets.
+        if let Some(model) = outgoing.routed_model.take() {
+            if record.requested_model.is_none() {
+                record.requested_model = record.model.clone();
+            }
+            let target = routing.route_for(&model).ok();
+            match (target, snapshot.routed(&model)) {
+                (Some(target), Some((_, label))) if std::ptr::eq(target, &**route) => {
+                    record.model = Some(label.clone());
+                    outgoing.body = crate::json::rewrite_model(&outgoing.body, &model)?;
+                    hop.model = model;
+                }
+                (Some(_), Some((next, label))) if hops < Fallback::MAX_HOPS => {
+                    tracing::debug!(route = %route.label, model = %model, request_id = &*record.id, "routed by a plugin");
+                    routed_from =
+                        Some(join(routed_from.take(), Filtered::Forward(engaged, response_headers, settlements)));
+                    chosen_backend = outgoing.routed_backend.take();
+                    client_request = Some(outgoing);
+                    hop = Hop { route: next, label, model };
+                    hops += 1;
+                    continue;
+                }
+                _ => {
+                    settle_all(settlements, StatusCode::INTERNAL_SERVER_ERROR.as_u16(), None);
+                    return Err(ApiError::internal("a plugin routed the request past the hops a request may take"));
+                }
+            }
+        }
+        // The next route's own chain may choose again.
+        if outgoing.routed_backend.is_none() {
+            outgoing.routed_backend = chosen_backend.take();
+        }
+        if let Some(Filtered::Forward(earlier, marks, reserved)) = routed_from.take() {
+            // The earlier chains' response hooks run after this one's, as
+            // its plugins came first; where both set a header, theirs wins.
+            engaged.splice(0..0, earlier);
+            crate::chain::set_all(&mut response_headers, &marks);
+            settlements.extend(reserved);
+        }
         outgoing.plugins_read_response =
             engaged.iter().any(|e| e.hooks().intersects(Hooks::RESPONSE_BODY | Hooks::RESPONSE_CHUNK));
         let forwarded = forward(gateway, route, &mut outgoing, record).await;
@@ -97,6 +149,24 @@ pub(crate) async fn walk(
         };
         let exchange = response::Exchange { plugins: engaged, set_headers: response_headers, settlements };
         return response::respond(upstream, exchange, &gateway.settings, limits, record).await;
+    }
+}
+
+/// Two chains' waiting instances, marks and reservations as one, the
+/// earlier's first.
+fn join(earlier: Option<Filtered>, later: Filtered) -> Filtered {
+    match (earlier, later) {
+        (Some(Filtered::Forward(mut engaged, mut marks, mut settlements)), Filtered::Forward(e, m, s)) => {
+            engaged.extend(e);
+            for (name, value) in &m {
+                if !marks.contains_key(name) {
+                    marks.append(name, value.clone());
+                }
+            }
+            settlements.extend(s);
+            Filtered::Forward(engaged, marks, settlements)
+        }
+        (_, later) => later,
     }
 }
 

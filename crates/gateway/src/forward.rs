@@ -49,7 +49,15 @@ pub(crate) async fn forward(
     record: &mut RequestRecord,
 ) -> Forwarded {
     let policy = &route.decl.retry;
-    let plan = route.plan();
+    let mut plan = route.plan();
+    // A backend a plugin chose is tried first, unless it is ejected: its
+    // health is the route's to judge. The rest follow in the route's order.
+    if let Some(name) = &outgoing.routed_backend
+        && let Some(index) = route.decl.backends.iter().position(|b| b.name.as_deref() == Some(name.as_str()))
+        && let Some(at) = plan.iter().position(|&i| i == index)
+    {
+        plan[..=at].rotate_right(1);
+    }
     let attempts = policy.attempts.unwrap_or(plan.len() as u32).max(1);
     let _in_flight = route.budget.request();
     // Held until the next attempt's head arrives, or the phase ends.

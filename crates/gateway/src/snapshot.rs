@@ -378,11 +378,17 @@ async fn load_plugin(
     })?;
     let limits = Limits { timeout: decl.timeout, max_memory_bytes: decl.max_memory_bytes };
     let configured = module
-        .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation, state_scope(decl))
+        .configure(&decl.key.to_string(), &decl.config, limits, decl.isolation, grants(decl))
         .await
         .map_err(|e| {
-            if let sluice_runtime::LoadError::NotGranted(why) = e {
-                return LoadFailure { reason: reason::NOT_PERMITTED, ..LoadFailure::permanent(why) };
+            match e {
+                sluice_runtime::LoadError::NotGranted(why) => {
+                    return LoadFailure { reason: reason::NOT_PERMITTED, ..LoadFailure::permanent(why) };
+                }
+                sluice_runtime::LoadError::Egress(why) => {
+                    return LoadFailure { reason: reason::NOT_PERMITTED, ..LoadFailure::permanent(why) };
+                }
+                _ => {}
             }
             // A plugin's error may quote its config, whose values may come
             // from Secrets (configFrom): none reaches a log, status or
@@ -408,12 +414,14 @@ async fn load_plugin(
 
 /// Fetches an OCI plugin's module, verified against the pin if there is one.
 /// The scope a granted plugin's state lives under, with its own caps.
-fn state_scope(decl: &PluginDecl) -> Option<sluice_runtime::sluice_state::Scope> {
-    let grant = decl.state?;
-    let mut scope = sluice_runtime::sluice_state::Scope::new(decl.key.namespace.as_str(), decl.key.name.as_str());
-    scope.max_keys = grant.max_keys;
-    scope.max_bytes = grant.max_bytes;
-    Some(scope)
+fn grants(decl: &PluginDecl) -> sluice_runtime::Grants {
+    let state = decl.state.map(|grant| {
+        let mut scope = sluice_runtime::sluice_state::Scope::new(decl.key.namespace.as_str(), decl.key.name.as_str());
+        scope.max_keys = grant.max_keys;
+        scope.max_bytes = grant.max_bytes;
+        scope
+    });
+    sluice_runtime::Grants { state, egress: decl.egress.clone() }
 }
 
 async fn pull(

@@ -18,6 +18,23 @@ pub struct StateAccess {
     pub scope: Scope,
 }
 
+/// What a configured plugin's instances were granted past the request.
+#[derive(Clone, Default)]
+pub(crate) struct Granted {
+    pub state: Option<Arc<StateAccess>>,
+    pub egress: Option<Arc<crate::egress::Egress>>,
+}
+
+/// What a GatewayPlugin grants its plugin: each is refused at load to a
+/// component that imports it without the grant.
+#[derive(Clone, Debug, Default)]
+pub struct Grants {
+    /// Shared state, under this scope.
+    pub state: Option<Scope>,
+    /// Outbound HTTP to these destinations.
+    pub egress: Option<sluice_core::EgressGrant>,
+}
+
 /// What a granted `reserve` added, until committed or released. Dropped
 /// without either, it stays counted (see the WIT).
 pub struct Reservation {

@@ -51,6 +51,9 @@ pub(crate) struct PluginState {
     /// Reservations handed to the gateway in this request hook, for it to
     /// take when the hook returns.
     pub(crate) settlements: Vec<crate::granted::Settlement>,
+    /// `wasi:http`'s context, and the send hook that enforces the grant.
+    http: wasmtime_wasi_http::WasiHttpCtx,
+    egress: crate::egress::EgressHooks,
 }
 
 impl PluginState {
@@ -61,7 +64,7 @@ impl PluginState {
         log_rate: Arc<RateLimit>,
         tokens: TokenCounter,
         ticker: Arc<EpochTicker>,
-        state: Option<Arc<crate::granted::StateAccess>>,
+        granted: crate::granted::Granted,
     ) -> Self {
         let memory = MemoryLimiter::new(max_memory_bytes, budget, &plugin);
         Self {
@@ -76,9 +79,11 @@ impl PluginState {
             table: ResourceTable::new(),
             serving: None,
             request_id: None,
-            state,
+            state: granted.state,
             state_failed: None,
             settlements: Vec::new(),
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            egress: crate::egress::EgressHooks { egress: granted.egress, deadline: Instant::now() },
         }
     }
 }
@@ -105,6 +110,14 @@ impl WasiView for PluginState {
             WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build()
         });
         WasiCtxView { ctx, table: &mut self.table }
+    }
+}
+
+impl wasmtime_wasi_http::WasiHttpView for PluginState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        // A call made now is bounded by the hook it is made in.
+        self.egress.deadline = self.deadline;
+        wasmtime_wasi_http::WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.egress }
     }
 }
 
@@ -419,6 +432,16 @@ impl wit::HostRequest for PluginState {
 
     fn set_field(&mut self, this: Handle, name: String, value: Option<String>) -> wasmtime::Result<()> {
         self.request(&this)?.edit_body(|body| body.set_field(&name, value));
+        Ok(())
+    }
+
+    fn set_model(&mut self, this: Handle, model: String) -> wasmtime::Result<()> {
+        self.request(&this)?.set_model(model);
+        Ok(())
+    }
+
+    fn set_backend(&mut self, this: Handle, name: String) -> wasmtime::Result<()> {
+        self.request(&this)?.set_backend(name);
         Ok(())
     }
 

@@ -20,6 +20,7 @@ mod borrowed;
 mod compiler;
 mod crypto;
 mod deadline;
+mod egress;
 mod epoch;
 mod granted;
 mod guest_log;
@@ -39,7 +40,8 @@ pub use bindings::{
     ChunkAction, Content, ContentPart, DirectResponse, Hooks, Message, RequestAction, Response, ResponseAction,
     ResponseEdits, ResponseSummary, Usage,
 };
-pub use granted::{Settlement, settle_all};
+pub use egress::EgressConfig;
+pub use granted::{Grants, Settlement, settle_all};
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use request::PluginRequest;
 pub use runtime::{Runtime, RuntimeConfig, StartError, StateStore};
@@ -96,6 +98,10 @@ pub enum LoadError {
     /// It imports a capability its GatewayPlugin does not grant.
     #[error("{0}")]
     NotGranted(&'static str),
+    /// Its egress grant cannot be served (a CA bundle that does not parse,
+    /// an address the gateway's operator does not allow).
+    #[error("{0}")]
+    Egress(String),
     #[error(transparent)]
     Plugin(#[from] PluginError),
 }

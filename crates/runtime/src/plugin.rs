@@ -15,7 +15,7 @@ use crate::compiler::Compiler;
 pub use crate::deadline::Limits;
 use crate::deadline::{arm, classify, within};
 use crate::epoch::EpochTicker;
-use crate::granted::StateAccess;
+use crate::granted::{Granted, Grants, StateAccess};
 use crate::guest_log::RateLimit;
 use crate::host::TokenCounter;
 use crate::host::{DeadlineExceeded, PluginState};
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub compiler: Compiler,
     /// The store granted plugins' state lives in.
     pub state: Arc<dyn sluice_state::Store>,
+    /// The gateway's caps on plugins' outbound HTTP.
+    pub egress: crate::egress::EgressConfig,
 }
 
 /// A compiled component, ready to instantiate cheaply.
@@ -62,6 +64,9 @@ pub struct PluginModule {
     /// Whether the component imports `sluice:plugin/state`: it is then
     /// served only to plugins granted state.
     imports_state: bool,
+    /// Whether it imports `wasi:http/outgoing-handler`: served only to
+    /// plugins granted egress.
+    imports_outbound_http: bool,
     /// The snapshots of this module, while some configured plugin uses
     /// them: made once, not per plugin.
     snapshots: Mutex<HashMap<SnapshotKey, Weak<Snapshot>>>,
@@ -79,7 +84,17 @@ impl PluginModule {
         shared: Arc<Shared>,
     ) -> Self {
         let imports_state = pre.imports_interface("sluice:plugin/state@");
-        Self { digest, pre, linker, bytes, shared, imports_state, snapshots: Mutex::new(HashMap::new()) }
+        let imports_outbound_http = pre.imports_interface(crate::wasi::OUTGOING_HANDLER);
+        Self {
+            digest,
+            pre,
+            linker,
+            bytes,
+            shared,
+            imports_state,
+            imports_outbound_http,
+            snapshots: Mutex::new(HashMap::new()),
+        }
     }
 
     /// `sha256:<hex>`.
@@ -102,16 +117,29 @@ impl PluginModule {
         config: &serde_json::Value,
         limits: Limits,
         isolation: Isolation,
-        state: Option<sluice_state::Scope>,
+        grants: Grants,
     ) -> Result<ConfiguredPlugin, LoadError> {
         // Refused before any of its code runs: a grant is read from the
         // resource, never assumed.
-        if self.imports_state && state.is_none() {
+        if self.imports_state && grants.state.is_none() {
             return Err(LoadError::NotGranted(
                 "the component imports sluice:plugin/state, which its GatewayPlugin does not grant (spec.state)",
             ));
         }
-        let state = state.map(|scope| Arc::new(StateAccess { store: self.shared.state.clone(), scope }));
+        if self.imports_outbound_http && grants.egress.is_none() {
+            return Err(LoadError::NotGranted(
+                "the component imports wasi:http/outgoing-handler, which its GatewayPlugin does not grant \
+                 (spec.egress)",
+            ));
+        }
+        let egress = match &grants.egress {
+            Some(grant) => {
+                Some(Arc::new(crate::egress::Egress::new(name, grant, &self.shared.egress).map_err(LoadError::Egress)?))
+            }
+            None => None,
+        };
+        let state = grants.state.map(|scope| Arc::new(StateAccess { store: self.shared.state.clone(), scope }));
+        let granted = Granted { state, egress };
         let mut plugin = ConfiguredPlugin {
             module: self.clone(),
             name: name.into(),
@@ -124,7 +152,7 @@ impl PluginModule {
             idle: Idle::new(self.shared.memory.share_of(name)),
             busy: Arc::new(Semaphore::new(self.shared.max_instances_per_plugin)),
             log_rate: Arc::new(RateLimit::new(self.shared.log_lines_per_second)),
-            state,
+            granted,
         };
         let started = Instant::now();
         let configured = loop {
@@ -186,7 +214,7 @@ impl PluginModule {
         name: Arc<str>,
         limits: Limits,
         log_rate: Arc<RateLimit>,
-        state: Option<Arc<StateAccess>>,
+        granted: Granted,
     ) -> Store<PluginState> {
         let shared = &self.shared;
         let state = PluginState::new(
@@ -196,7 +224,7 @@ impl PluginModule {
             log_rate,
             shared.tokens.clone(),
             shared.ticker.clone(),
-            state,
+            granted,
         );
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.memory);
@@ -235,7 +263,7 @@ impl Source for PluginModule {
     /// A snapshot's store has no state: a `configure` that calls the store
     /// is not snapshotted (it calls an import), and runs on every instance.
     fn store(&self, name: Arc<str>, limits: Limits, log_rate: Arc<RateLimit>) -> Store<PluginState> {
-        self.new_store(name, limits, log_rate, None)
+        self.new_store(name, limits, log_rate, Granted::default())
     }
 
     fn budget(&self) -> &Arc<Budget> {
@@ -300,8 +328,8 @@ pub struct ConfiguredPlugin {
     /// Microseconds its new instances have spent in `configure` for want of
     /// a snapshot.
     pub(crate) configuring_us: Arc<AtomicU64>,
-    /// Its shared state, if granted.
-    state: Option<Arc<StateAccess>>,
+    /// Its shared state and outbound HTTP, if granted.
+    granted: Granted,
 }
 
 /// A configured instance and the store it lives in.
@@ -355,7 +383,7 @@ impl ConfiguredPlugin {
     /// Its shared state, if granted: the store's kind and the caps it holds
     /// under (keys, bytes).
     pub fn state(&self) -> Option<(&'static str, usize, usize)> {
-        let access = self.state.as_ref()?;
+        let access = self.granted.state.as_ref()?;
         let (keys, bytes) = access.store.caps(&access.scope);
         Some((access.store.kind(), keys, bytes))
     }
@@ -489,7 +517,7 @@ impl ConfiguredPlugin {
             return Ok(live);
         };
         let mut store =
-            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.state.clone());
+            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.granted.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
         let (instance, bindings) = within(deadline, ready.pre.instantiate_with_instance(&mut store))
@@ -508,7 +536,7 @@ impl ConfiguredPlugin {
     /// A fresh instance of the module, which `configure` has set up.
     async fn configure_live(&self) -> Result<(Live, Hooks), Made> {
         let mut store =
-            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.state.clone());
+            self.module.new_store(self.name.clone(), self.limits, self.log_rate.clone(), self.granted.clone());
         let timeout = self.limits.timeout;
         let deadline = arm(&mut store, timeout);
         let start = async {

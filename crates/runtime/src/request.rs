@@ -25,6 +25,11 @@ pub struct PluginRequest {
     pub response_headers: HeaderMap,
     /// The most bytes a body a plugin leaves may have.
     pub max_body_bytes: usize,
+    /// The backend of its route a plugin chose (`set-backend`), by name.
+    pub backend: Option<String>,
+    /// Whether a plugin routed it to another model (`set-model`): `model`
+    /// is then the one chosen, and the body says so.
+    pub rerouted: bool,
     /// The first edit of the current call that could not be applied.
     pub(crate) invalid: Option<String>,
 }
@@ -79,6 +84,25 @@ impl PluginRequest {
             chat.set_bytes(body.into());
             Ok(())
         });
+    }
+
+    /// Routes the request to `model`: the gateway checks, when the hook
+    /// returns, that the plugin may choose it.
+    /// The body is rewritten when it is forwarded, as for a backend's
+    /// `model`.
+    pub(crate) fn set_model(&mut self, model: String) {
+        if !self.refused() {
+            self.model = model;
+            self.rerouted = true;
+            // A backend chosen before named the old route's.
+            self.backend = None;
+        }
+    }
+
+    pub(crate) fn set_backend(&mut self, name: String) {
+        if !self.refused() {
+            self.backend = Some(name);
+        }
     }
 
     /// The first value of header `name`, if it is one and is text.

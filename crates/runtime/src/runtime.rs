@@ -93,6 +93,8 @@ pub struct RuntimeConfig {
     pub state_limits: sluice_state::Limits,
     /// Where granted plugins' shared state lives: by default in process.
     pub state_store: Option<StateStore>,
+    /// The caps on plugins' outbound HTTP, and which addresses it may reach.
+    pub egress: crate::egress::EgressConfig,
 }
 
 /// A state store for the runtime's plugins (Redis, shared by replicas).
@@ -130,6 +132,7 @@ impl Default for RuntimeConfig {
             snapshot_configure_budget: Duration::from_millis(100),
             state_limits: sluice_state::Limits::default(),
             state_store: None,
+            egress: crate::egress::EgressConfig::default(),
         }
     }
 }
@@ -233,6 +236,7 @@ impl Runtime {
                 Some(StateStore(store)) => store.clone(),
                 None => Arc::new(sluice_state::MemoryStore::new(config.state_limits.clone())),
             },
+            egress: config.egress.clone(),
         });
         sweep_state(&shared.state);
 

@@ -4,14 +4,18 @@
 //! - the interfaces those runtimes touch at start (`GRANTED`) are linked
 //!   with wasmtime-wasi over an empty context: no preopened directories, no
 //!   environment, stdin empty, stdout and stderr discarded, no network;
+//! - `wasi:http` is linked for real too, but a component that imports its
+//!   outgoing handler is served only with a grant (`spec.egress`), and its
+//!   requests go through the grant's send hook (`egress.rs`): the one
+//!   pollable that can block is an outbound call's, bounded by the hook's
+//!   deadline;
 //! - sleeping traps: `wasi:clocks/monotonic-clock`'s `subscribe-*` would
-//!   let a guest wait outside its deadline (the epoch only interrupts
-//!   running guest code), and with it gone no granted pollable can block;
-//! - every other WASI interface a component imports (sockets, http, …) is
+//!   let a guest wait for nothing, holding its instance;
+//! - every other WASI interface a component imports (sockets, …) is
 //!   linked as functions that trap, so such a component still loads.
 //!
 //! Each call into the guest also has a wall-clock timeout (see `plugin.rs`),
-//! in case anything here can wait after all.
+//! which ends a call waiting in the host at its deadline.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -23,7 +27,12 @@ use wasmtime::{Engine, Result};
 use crate::host::PluginState;
 
 /// WASI interfaces linked for real (over an empty context).
-const GRANTED: &[&str] = &["wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:cli/", "wasi:filesystem/"];
+const GRANTED: &[&str] = &["wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:cli/", "wasi:filesystem/", "wasi:http/"];
+
+/// Outbound HTTP: linked for real, and served only to a plugin whose
+/// GatewayPlugin grants it (`spec.egress`), whose send hook then checks
+/// every request against the grant (`egress.rs`).
+pub(crate) const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@";
 
 const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@";
 
@@ -31,6 +40,7 @@ const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@";
 pub(crate) fn base_linker(engine: &Engine) -> Result<Linker<PluginState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     Ok(linker)
 }
 

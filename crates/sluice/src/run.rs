@@ -185,6 +185,23 @@ pub struct RunArgs {
     pub memory: MemoryArgs,
     #[command(flatten)]
     pub state: StateArgs,
+    #[command(flatten)]
+    pub egress: EgressArgs,
+}
+
+/// Outbound HTTP of plugins granted it (`spec.egress`): the caps every
+/// grant is held to, and may only lower. Which addresses a grant may name
+/// follows the backends' rules (`--restrict-backends`, `--allow-backend-cidr`).
+#[derive(clap::Args)]
+#[command(next_help_heading = "Plugin outbound HTTP")]
+pub struct EgressArgs {
+    /// The largest response body a plugin's outbound call may read, in bytes.
+    #[arg(long, default_value_t = sluice_runtime::EgressConfig::default().max_response_bytes)]
+    pub egress_max_response_bytes: u64,
+    /// Outbound calls one plugin may have in flight at once (over all its
+    /// instances); one more is refused at once.
+    #[arg(long, default_value_t = sluice_runtime::EgressConfig::default().max_concurrent_calls)]
+    pub egress_max_concurrent_calls: u32,
 }
 
 /// The shared state plugins granted it (`spec.state`) keep: in this
@@ -547,6 +564,11 @@ fn build_gateway(args: &RunArgs, state_store: Option<sluice_runtime::StateStore>
         snapshot_configure_budget: Duration::from_millis(args.plugin_snapshot_configure_budget_ms),
         state_limits: args.state.limits(),
         state_store,
+        egress: sluice_runtime::EgressConfig {
+            max_response_bytes: args.egress.egress_max_response_bytes,
+            max_concurrent_calls: args.egress.egress_max_concurrent_calls.max(1),
+            policy: Arc::new(backend_policy(args)),
+        },
         guest_memory_namespace_percent: args.memory.max_guest_memory_namespace_percent,
         guest_memory_plugin_percent: args.memory.max_guest_memory_plugin_percent,
         ..Default::default()

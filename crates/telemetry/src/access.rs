@@ -133,6 +133,7 @@ fn fields(record: &RequestRecord, duration: Duration, line: &mut Line) {
     line.str(key!("path"), Some(&record.path));
     line.str(key!("route"), record.route.as_deref());
     line.str(key!("model"), record.model.as_deref());
+    line.str(key!("requested_model"), record.requested_model.as_deref());
     line.str(key!("backend"), record.backend.as_deref());
     line.int(key!("status"), Some(record.status));
     line.str(key!("error_code"), record.error_code);

@@ -153,6 +153,18 @@ pub struct PluginInfoLabels {
     pub isolation: &'static str,
 }
 
+/// A plugin's outbound HTTP call. `destination` is a granted origin
+/// (`https://host:port`), or `other` for one the grant does not list.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutboundCallLabels {
+    pub namespace: Label,
+    pub plugin: Label,
+    pub destination: Label,
+    /// `ok` (any status), `denied`, `concurrency_cap`, `timeout`,
+    /// `too_large`, `tls_error` or `error`.
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
     pub namespace: Label,
@@ -257,6 +269,8 @@ pub struct Metrics {
     pub plugin_skipped: Family<PluginHookLabels, Counter>,
     pub plugin_instances: Family<PluginPoolLabels, Gauge>,
     pub plugin_info: Family<PluginInfoLabels, Gauge>,
+    pub plugin_outbound_calls: Family<OutboundCallLabels, Counter>,
+    pub plugin_outbound_call_duration: Histograms<OutboundCallLabels>,
     pub guest_memory: Family<NamespaceLabels, Gauge>,
     pub guest_memory_budget: Gauge,
     pub guest_memory_refusals: Family<GuestMemoryRefusalLabels, Counter>,
@@ -300,6 +314,8 @@ impl Metrics {
             plugin_skipped: Family::default(),
             plugin_instances: Family::default(),
             plugin_info: Family::default(),
+            plugin_outbound_calls: Family::default(),
+            plugin_outbound_call_duration: histograms(REQUEST_SECONDS),
             guest_memory: Family::default(),
             guest_memory_budget: Gauge::default(),
             guest_memory_refusals: Family::default(),
@@ -449,6 +465,17 @@ impl Metrics {
             self.response_buffer_refusals.clone(),
         );
         r.register("sluice_oci_pulls", "Plugin pulls from OCI registries, by result", self.oci_pulls.clone());
+        r.register(
+            "sluice_plugin_outbound_calls",
+            "Plugins' outbound HTTP calls, by plugin, granted destination and result",
+            self.plugin_outbound_calls.clone(),
+        );
+        r.register_with_unit(
+            "sluice_plugin_outbound_call_duration",
+            "Time from a plugin's outbound call to its response head (or its failure)",
+            Unit::Seconds,
+            self.plugin_outbound_call_duration.clone(),
+        );
         r.register(
             "sluice_plugin_compiles",
             "Plugin versions made ready to run: compiled, or found in the compile cache",

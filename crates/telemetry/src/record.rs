@@ -205,8 +205,12 @@ pub struct RequestRecord {
     /// `chat`, `text_completion` or `embeddings`, for forwarded endpoints.
     pub operation: Option<&'static str>,
     pub route: Option<Label>,
-    /// The model asked for, once a route serves it.
+    /// The model asked for, once a route serves it; the one a plugin
+    /// routed the request to, if one did.
     pub model: Option<Label>,
+    /// The model the client asked for, when a plugin routed the request to
+    /// another (`set-model`).
+    pub requested_model: Option<Label>,
     /// The backend that answered (or the last one tried).
     pub backend: Option<Label>,
     /// `gen_ai.provider.name`: the API of that backend (`openai`, or
@@ -256,6 +260,7 @@ impl RequestRecord {
             tokens: None,
             response_model: None,
             consumer: None,
+            requested_model: None,
             attempts: Vec::new(),
             plugins: Vec::new(),
             trace: None,

@@ -411,6 +411,9 @@ fn spans(record: &RequestRecord, duration: Duration) -> Vec<SpanData> {
     if let Some(consumer) = &record.consumer {
         attributes.push(KeyValue::new("sluice.consumer", text(consumer)));
     }
+    if let Some(requested) = &record.requested_model {
+        attributes.push(KeyValue::new("sluice.requested_model", label(requested)));
+    }
     attributes.push(KeyValue::new("sluice.streamed", record.streamed));
     attributes.push(KeyValue::new("sluice.completed", record.completed));
     if let Some(first) = record.first_byte {

@@ -46,6 +46,7 @@ pub mod host;
 mod http;
 #[cfg(not(target_arch = "wasm32"))]
 mod native;
+pub mod outbound;
 mod pattern;
 mod request;
 pub mod state;
@@ -70,12 +71,14 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
         // The largest world: a plugin imports only what it calls.
-        world: "stateful-plugin",
+        world: "stateful-outbound-plugin",
+        // The wasi packages `wasi:http/outgoing-handler` uses, generated here.
+        generate_all,
         pub_export_macro: true,
         default_bindings_module: "::sluice_plugin_sdk::bindings",
         additional_derives: [PartialEq],
-        // It holds a resource, which has no equality.
-        additional_derives_ignore: ["reserved"],
+        // They hold a resource, which has no equality.
+        additional_derives_ignore: ["reserved", "stream-error"],
     });
 }
 

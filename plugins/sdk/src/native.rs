@@ -22,6 +22,9 @@ pub(crate) struct State {
     pub headers: Vec<(String, String)>,
     pub body: ChatBody,
     pub response_headers: Vec<(String, String)>,
+    /// What `set-model` and `set-backend` chose.
+    pub routed_model: Option<String>,
+    pub routed_backend: Option<String>,
     /// Edits the host could not apply: it would fail the plugin.
     pub invalid_edits: Vec<String>,
     /// Every call into the host, in order, as `method` or `method(name)`:
@@ -41,6 +44,8 @@ impl NativeRequest {
             headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())).collect(),
             body: ChatBody::new(Bytes::from(body)),
             response_headers: Vec::new(),
+            routed_model: None,
+            routed_backend: None,
             invalid_edits: Vec::new(),
             host_calls: Vec::new(),
         };
@@ -154,6 +159,33 @@ impl NativeRequest {
             if let Err(error) = s.body.set_field(name, value.map(str::to_string)) {
                 s.invalid_edits.push(format!("set-field: {error}"));
             }
+        })
+    }
+
+    /// The host rewrites the body's `model` too, every other byte kept.
+    pub fn set_model(&self, model: &str) {
+        self.call("set-model", None, |s| {
+            if model.is_empty() {
+                return s.invalid_edits.push("set-model: no route serves an empty model".into());
+            }
+            s.model = model.to_string();
+            s.routed_model = Some(model.to_string());
+            let body = s.body.bytes();
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok()
+                && let Some(edited) =
+                    sluice_chat::set_member(&body, "model", &serde_json::Value::from(model).to_string())
+            {
+                s.body.set_bytes(Bytes::from(edited));
+            }
+        })
+    }
+
+    pub fn set_backend(&self, name: &str) {
+        self.call("set-backend", None, |s| {
+            if name.is_empty() {
+                return s.invalid_edits.push("set-backend: no backend has an empty name".into());
+            }
+            s.routed_backend = Some(name.to_string());
         })
     }
 }

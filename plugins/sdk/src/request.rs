@@ -177,6 +177,24 @@ impl Request {
         self.0.set_field(name, None)
     }
 
+    /// Routes the request as if the client had asked for `model`: its body's
+    /// `model`, [`Request::model`], the retries, fallbacks, metrics and
+    /// access log all see it. Only a model this route, or another route of
+    /// its namespace, serves; any other fails the plugin when the hook
+    /// returns. Not from the auth phase. Needs a gateway serving 0.3.2.
+    pub fn set_model(&self, model: &str) {
+        self.0.set_model(model)
+    }
+
+    /// Sends the request to the route's backend `name`
+    /// (`spec.backends[].name`) first, before the route's own choice; its
+    /// retries and fallbacks go on as usual if that one fails. After a
+    /// [`Request::set_model`] to another route, names that route's
+    /// backends. An unknown name fails the plugin. Needs 0.3.2.
+    pub fn set_backend(&self, name: &str) {
+        self.0.set_backend(name)
+    }
+
     /// The 400 for a body that is not a chat request: `invalid_json` if it
     /// is not even a JSON object (the code the gateway uses), otherwise
     /// `invalid_chat_request` with the host's reason. Only errors pay for

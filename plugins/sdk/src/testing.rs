@@ -8,8 +8,8 @@
 
 use serde_json::Value;
 
-use crate::Request;
 use crate::native::NativeRequest;
+use crate::{Request, outbound};
 
 /// A `POST /v1/chat/completions` for `model` whose body is `body` with
 /// `model` set (a non-object `body` is sent as is).
@@ -92,6 +92,28 @@ impl Request {
     pub fn body_edited(&self) -> bool {
         self.0.with(|s| s.body.is_edited())
     }
+
+    /// The model the plugin routed to with `set_model`, if it did.
+    pub fn routed_model(&self) -> Option<String> {
+        self.0.with(|s| s.routed_model.clone())
+    }
+
+    /// The backend the plugin chose with `set_backend`, if it did.
+    pub fn routed_backend(&self) -> Option<String> {
+        self.0.with(|s| s.routed_backend.clone())
+    }
+}
+
+/// Answers [`outbound::send`] on this thread with `responder` instead of
+/// the network. Without one, every call is refused.
+pub fn on_outbound(responder: impl Fn(&outbound::Request) -> Result<outbound::Response, outbound::Error> + 'static) {
+    outbound::set_responder(responder)
+}
+
+/// Every request given to [`outbound::send`] on this thread, in order,
+/// answered or not.
+pub fn outbound_requests() -> Vec<outbound::Request> {
+    outbound::sent()
 }
 
 /// Ends the response as the gateway does for reservations left to it
@@ -169,6 +191,23 @@ mod tests {
         assert_eq!(error.message, "`messages` must be an array");
         let req = chat_request("m", &json!({"messages": [{"role": "user", "content": 5}]}));
         assert!(req.messages().unwrap_err().message.starts_with("messages[0]:"));
+    }
+
+    #[test]
+    fn routing_is_recorded_and_the_model_reads_as_routed() {
+        let req = raw_request("gpt-4o", &[], br#"{"model": "gpt-4o", "n": 1.50}"#.to_vec());
+        assert_eq!((req.routed_model(), req.routed_backend()), (None, None));
+        req.set_model("gpt-4o-mini");
+        req.set_backend("azure-east");
+        assert_eq!(req.model(), "gpt-4o-mini");
+        assert_eq!(req.routed_model().as_deref(), Some("gpt-4o-mini"));
+        assert_eq!(req.routed_backend().as_deref(), Some("azure-east"));
+        assert_eq!(req.body_text(), r#"{"model": "gpt-4o-mini", "n": 1.50}"#, "every other byte kept");
+        assert_eq!(req.host_calls(), ["set-model", "set-backend", "model"]);
+        req.set_model("");
+        req.set_backend("");
+        assert_eq!(req.take_invalid_edits().len(), 2);
+        assert_eq!(req.model(), "gpt-4o-mini");
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn add_header() -> PluginDecl {
         isolation: Isolation::PerRequest,
         endpoints: sluice_core::config::Endpoints::ALL,
         state: None,
+        egress: None,
     }
 }
 

@@ -31,6 +31,7 @@ fn plugin(name: &str, path: PathBuf, config: serde_json::Value) -> PluginDecl {
         isolation: Isolation::PerRequest,
         endpoints: Endpoints::ALL,
         state: None,
+        egress: None,
     }
 }
 

@@ -1,3 +1,4 @@
+use crate::Grants;
 use crate::built_plugin as wasm;
 use serde_json::json;
 
@@ -10,7 +11,7 @@ fn limits(timeout_ms: u64) -> Limits {
 
 async fn configured(runtime: &Runtime, name: &str, config: serde_json::Value, timeout_ms: u64) -> ConfiguredPlugin {
     let module = runtime.load(wasm(name), None).await.unwrap();
-    module.configure(name, &config, limits(timeout_ms), Isolation::PerRequest, None).await.unwrap()
+    module.configure(name, &config, limits(timeout_ms), Isolation::PerRequest, Grants::default()).await.unwrap()
 }
 
 use crate::test_request as request;
@@ -85,7 +86,11 @@ async fn a_plugin_cannot_sleep() {
     let module = runtime.load(wasm("hostile"), None).await.unwrap();
     let started = Instant::now();
     let config = json!({"sleepInConfigureMs": 10_000});
-    let error = module.configure("sleeper", &config, limits(5_000), Isolation::PerRequest, None).await.err().unwrap();
+    let error = module
+        .configure("sleeper", &config, limits(5_000), Isolation::PerRequest, Grants::default())
+        .await
+        .err()
+        .unwrap();
     assert!(started.elapsed() < Duration::from_secs(2), "configure slept for {:?}", started.elapsed());
     assert!(error.to_string().contains("sleeping is not granted"), "{error}");
 

@@ -1,3 +1,4 @@
+use crate::Grants;
 use crate::built_plugin as wasm;
 use std::time::Duration;
 
@@ -42,7 +43,7 @@ async fn configure_with(
     limits: Limits,
 ) -> Result<ConfiguredPlugin, crate::LoadError> {
     let module = runtime.load(bytes, None).await.unwrap();
-    module.configure("test/plugin", config, limits, isolation, None).await
+    module.configure("test/plugin", config, limits, isolation, Grants::default()).await
 }
 
 fn chat(headers: &[(&str, &str)], content: &str) -> PluginRequest {

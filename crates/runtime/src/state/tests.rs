@@ -8,7 +8,7 @@ use serde_json::json;
 use sluice_core::Isolation;
 use sluice_state::{BoxFuture, Check, Reserved, Scope, StateError, Store, Ticket};
 
-use crate::{Limits, PluginError, Runtime, RuntimeConfig, StateStore, built_plugin as wasm, test_request};
+use crate::{Grants, Limits, PluginError, Runtime, RuntimeConfig, StateStore, built_plugin as wasm, test_request};
 
 /// A store that is down, or one that never answers.
 struct Broken {
@@ -88,7 +88,7 @@ fn quota_config() -> serde_json::Value {
 async fn reserve_once(runtime: &Runtime, timeout: Duration) -> Result<(), PluginError> {
     let module = runtime.load(wasm(QUOTA), None).await.unwrap();
     let limits = Limits { timeout, max_memory_bytes: 64 << 20 };
-    let scope = Some(Scope::new("team-a", "quota"));
+    let scope = Grants { state: Some(Scope::new("team-a", "quota")), ..Grants::default() };
     let plugin = module.configure("team-a/quota", &quota_config(), limits, Isolation::PerRequest, scope).await.unwrap();
     let mut instance = plugin.instance().await?;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).to_string();
@@ -120,7 +120,7 @@ async fn stateful(runtime: &Runtime, name: &str) -> crate::ConfiguredPlugin {
     let module = runtime.load(wasm("stateful"), None).await.unwrap();
     let limits = Limits { timeout: Duration::from_secs(1), max_memory_bytes: 64 << 20 };
     let config = json!({"limit": 100, "window": "fixed:3600"});
-    let scope = Some(Scope::new("team-a", name));
+    let scope = Grants { state: Some(Scope::new("team-a", name)), ..Grants::default() };
     module.configure(&format!("team-a/{name}"), &config, limits, Isolation::PerRequest, scope).await.unwrap()
 }
 

@@ -1,0 +1,263 @@
+//! Outbound HTTP from plugins (`wasi:http/outgoing-handler`, granted by
+//! `spec.egress`) through the real gateway, with the `caller` test plugin
+//! (plugins/testing/caller), which makes the call its request headers
+//! describe and answers with what came back. Two real HTTP servers on
+//! loopback: one granted, one not. Each way out of a grant is tried: an
+//! unlisted port, a redirect to it, the metadata address, a granted name
+//! that resolves to loopback, a huge response, a slow server, too many
+//! calls at once, and a component without a grant.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use serde_json::{Value, json};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Route, documents, eventually};
+use tokio::net::TcpListener;
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// A small real HTTP/1.1 server on loopback, counting the requests it saw.
+struct Origin {
+    addr: SocketAddr,
+    seen: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    async fn start() -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        answer(request)
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+        });
+        Origin { addr, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn seen(&self) -> usize {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+async fn answer(request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let method = request.method().to_string();
+    let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let full = |status: u16, body: Bytes| {
+        Response::builder().status(status).body(Full::new(body).map_err(|e| match e {}).boxed()).unwrap()
+    };
+    Ok(match path.as_str() {
+        "/ok" => {
+            let mut response = full(200, Bytes::from(format!(r#"{{"hello":"world","got":{}}}"#, body.len())));
+            response.headers_mut().insert("x-seen", format!("{method} {}", body.len()).parse().unwrap());
+            response
+        }
+        "/redirect" => {
+            let to = query.strip_prefix("to=").unwrap_or_default().to_string();
+            let mut response = full(302, Bytes::new());
+            response.headers_mut().insert("location", to.parse().unwrap());
+            response
+        }
+        // 2 MiB, with its length declared.
+        "/huge" => full(200, Bytes::from(vec![b'x'; 2 << 20])),
+        // 2 MiB in 64 KiB chunks, with no length declared.
+        "/huge-chunked" => {
+            let chunks = (0..32).map(|_| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'y'; 64 << 10]))));
+            Response::new(StreamBody::new(futures_util::stream::iter(chunks)).boxed())
+        }
+        "/slow" => {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            full(200, Bytes::from_static(b"late"))
+        }
+        _ => full(404, Bytes::new()),
+    })
+}
+
+async fn call(gateway: &Gateway, model: &str, headers: &[(&str, &str)]) -> Reply {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    gateway.post("/v1/chat/completions", body.to_string(), headers).await
+}
+
+/// What the caller plugin answered: `(status, its JSON)`.
+fn outcome(reply: &Reply) -> (u16, Value) {
+    (reply.status.as_u16(), serde_json::from_str(&reply.text()).unwrap_or(Value::Null))
+}
+
+fn destination(url: &str) -> Value {
+    json!({"url": url})
+}
+
+#[tokio::test]
+async fn a_plugin_reaches_only_what_its_grant_lists() {
+    let echo = Echo::start().await;
+    let granted = Origin::start().await;
+    let other = Origin::start().await;
+    let origin = format!("http://{}", granted.addr);
+    let caller = |name: &str, egress: Option<Value>| {
+        let plugin = Plugin::new(name, "caller").timeout_ms(5000);
+        match egress {
+            Some(egress) => plugin.egress(egress),
+            None => plugin,
+        }
+        .yaml()
+    };
+    let plugins = [
+        caller("caller", Some(json!({"destinations": [destination(&origin)], "maxResponseBytes": 65536}))),
+        caller("quick", Some(json!({"destinations": [destination(&origin)], "timeoutMs": 300}))),
+        caller("one-at-a-time", Some(json!({"destinations": [destination(&origin)], "maxConcurrentCalls": 1}))),
+        // A name, not an address: it resolves to loopback.
+        caller(
+            "by-name",
+            Some(json!({"destinations": [destination(&format!("http://localhost:{}", granted.addr.port()))]})),
+        ),
+        caller("ungranted", None),
+    ];
+    let short = Plugin::new("short-deadline", "caller").timeout_ms(400);
+    let short = short.egress(json!({"destinations": [destination(&origin)]})).yaml();
+    let plugins: Vec<String> = plugins.into_iter().chain([short]).collect();
+    let route = |name: &str| Route::new(name, &[name], &echo.url()).plugins(&[name]).yaml();
+    let dir = ConfigDir::new();
+    dir.write("plugins.yaml", &documents(&plugins));
+    let routes: Vec<String> =
+        ["caller", "quick", "one-at-a-time", "by-name", "ungranted", "short-deadline"].map(route).to_vec();
+    dir.write("routes.yaml", &documents(&routes));
+    let gateway = Gateway::start(&dir).await;
+    let admin = eventually("the granted routes to be served", Duration::from_secs(120), async || {
+        let admin = gateway.admin_config().await;
+        (admin["routes"].as_array()?.len() == 5).then_some(admin.clone())
+    })
+    .await;
+
+    // Without a grant, the component is refused at load, saying why.
+    let errors = admin["errors"].as_array().unwrap_or_else(|| panic!("no errors list: {admin}"));
+    let refused = errors
+        .iter()
+        .find(|e| e["resource"] == "GatewayPlugin default/ungranted")
+        .unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}"))
+        .to_string();
+    assert!(refused.contains("wasi:http/outgoing-handler") && refused.contains("spec.egress"), "{refused}");
+
+    // The granted origin answers.
+    let ok_url = granted.url("/ok");
+    let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &ok_url)]).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], 200, "{body}");
+    assert_eq!(body["header_x_seen"], "GET 0", "{body}");
+    assert!(body["body"].as_str().unwrap().contains("world"), "{body}");
+    let post = [("x-call", ok_url.as_str()), ("x-call-method", "POST"), ("x-call-body", "12345")];
+    assert_eq!(outcome(&call(&gateway, "caller", &post).await).1["header_x_seen"], "POST 5");
+
+    // Another port of the same host is not granted; nothing reaches it.
+    let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &other.url("/ok"))]).await);
+    assert_eq!((status, &body["error"]), (502, &json!("refused")), "{body}");
+    // A redirect there, followed as an ordinary client would, is refused too.
+    let redirect = granted.url(&format!("/redirect?to={}", other.url("/ok")));
+    let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &redirect), ("x-call-follow", "1")]).await);
+    assert_eq!((status, &body["error"]), (502, &json!("refused")), "{body}");
+    // As are the cloud metadata address and another scheme.
+    for url in ["http://169.254.169.254/latest/meta-data/", &format!("https://{}/ok", granted.addr)] {
+        let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", url)]).await);
+        assert_eq!((status, &body["error"]), (502, &json!("refused")), "{url}: {body}");
+    }
+    assert_eq!(other.seen(), 0, "the ungranted origin was reached");
+
+    // A granted name that resolves to loopback is not a way to loopback.
+    let by_name = format!("http://localhost:{}/ok", granted.addr.port());
+    let before = granted.seen();
+    let (status, body) = outcome(&call(&gateway, "by-name", &[("x-call", &by_name)]).await);
+    assert_eq!((status, &body["error"]), (502, &json!("refused")), "{body}");
+    assert_eq!(granted.seen(), before, "the name's loopback address was connected to");
+
+    // A response over the grant's cap is cut off, declared or not. A
+    // declared length is refused before the body: `HttpResponseBodySize`.
+    // One found too long while read ends the body stream with that error,
+    // which wasmtime-wasi-http 48 does not hand to `http-error-code` (it
+    // keeps its own error type there), so the guest sees it as text.
+    let huge = |path: &str| [("x-call", granted.url(path)), ("x-call-max-bytes", (8 << 20).to_string())];
+    let headers = huge("/huge");
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (status, body) = outcome(&call(&gateway, "caller", &headers).await);
+    assert_eq!((status, &body["error"]), (502, &json!("too_large")), "{body}");
+    let headers = huge("/huge-chunked");
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (status, body) = outcome(&call(&gateway, "caller", &headers).await);
+    assert_eq!((status, &body["error"]), (502, &json!("failed")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("body size exceeds limit: 65536 bytes"), "{body}");
+
+    // A slow server is given up at the grant's timeout, well inside the
+    // plugin's 5 s deadline.
+    let started = Instant::now();
+    let (status, body) = outcome(&call(&gateway, "quick", &[("x-call", &granted.url("/slow"))]).await);
+    assert_eq!((status, &body["error"]), (502, &json!("timeout")), "{body}");
+    assert!(started.elapsed() < Duration::from_millis(1400), "took {:?}", started.elapsed());
+
+    // The plugin's own timeout (its request options) bounds a call too.
+    let started = Instant::now();
+    let own = [("x-call", granted.url("/slow")), ("x-call-timeout-ms", "300".to_string())];
+    let own: Vec<(&str, &str)> = own.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (status, body) = outcome(&call(&gateway, "caller", &own).await);
+    assert_eq!((status, &body["error"]), (502, &json!("timeout")), "{body}");
+    assert!(started.elapsed() < Duration::from_millis(1400), "took {:?}", started.elapsed());
+    // And a call never outlives the hook that made it: the plugin fails at
+    // its deadline (failurePolicy: Closed).
+    let started = Instant::now();
+    let reply = call(&gateway, "short-deadline", &[("x-call", &granted.url("/slow"))]).await;
+    reply.assert_error(500, "plugin_failed");
+    assert!(started.elapsed() < Duration::from_millis(1400), "took {:?}", started.elapsed());
+
+    // One call in flight at most: a second is refused at once, not queued.
+    let slow = granted.url("/slow");
+    let slow_call = [("x-call", slow.as_str())];
+    let first = call(&gateway, "one-at-a-time", &slow_call);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        (call(&gateway, "one-at-a-time", &[("x-call", &slow)]).await, started.elapsed())
+    };
+    let (first, (second, waited)) = tokio::join!(first, second);
+    assert_eq!(outcome(&first).1["status"], 200, "{}", first.text());
+    let (status, body) = outcome(&second);
+    assert_eq!((status, &body["error"]), (502, &json!("refused")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("in flight"), "{body}");
+    assert!(waited < Duration::from_millis(900), "the refusal waited {waited:?}");
+
+    // Every call is counted by plugin, granted destination and result; a
+    // refused destination is `other`, whatever the plugin asked for.
+    let metrics = gateway.client().get(&gateway.admin_url("/metrics")).await.text();
+    let count = |labels: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with("sluice_plugin_outbound_calls_total{") && line.contains(labels))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let granted_label = format!("destination=\"{origin}\"");
+    assert!(count(&format!("plugin=\"caller\",{granted_label},result=\"ok\"")) >= 3.0, "{metrics}");
+    assert!(count("plugin=\"caller\",destination=\"other\",result=\"denied\"") >= 4.0, "{metrics}");
+    assert!(count(&format!("plugin=\"caller\",{granted_label},result=\"too_large\"")) >= 1.0, "{metrics}");
+    assert!(count(&format!("plugin=\"quick\",{granted_label},result=\"timeout\"")) >= 1.0, "{metrics}");
+    assert!(count(&format!("plugin=\"one-at-a-time\",{granted_label},result=\"concurrency_cap\"")) >= 1.0, "{metrics}");
+}
