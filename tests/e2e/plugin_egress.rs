@@ -135,19 +135,23 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
         ),
         caller("ungranted", None),
     ];
+    let twice = Plugin::new("declares-twice", "caller").config(json!({"declareTwice": true}));
+    let twice = twice.egress(json!({"destinations": [destination(&origin)]})).yaml();
     let short = Plugin::new("short-deadline", "caller").timeout_ms(400);
     let short = short.egress(json!({"destinations": [destination(&origin)]})).yaml();
-    let plugins: Vec<String> = plugins.into_iter().chain([short]).collect();
+    let plugins: Vec<String> = plugins.into_iter().chain([short, twice]).collect();
     let route = |name: &str| Route::new(name, &[name], &echo.url()).plugins(&[name]).yaml();
     let dir = ConfigDir::new();
     dir.write("plugins.yaml", &documents(&plugins));
     let routes: Vec<String> =
-        ["caller", "quick", "one-at-a-time", "by-name", "ungranted", "short-deadline"].map(route).to_vec();
+        ["caller", "quick", "one-at-a-time", "by-name", "ungranted", "short-deadline", "declares-twice"]
+            .map(route)
+            .to_vec();
     dir.write("routes.yaml", &documents(&routes));
     let gateway = Gateway::start(&dir).await;
     let admin = eventually("the granted routes to be served", Duration::from_secs(120), async || {
         let admin = gateway.admin_config().await;
-        (admin["routes"].as_array()?.len() == 5).then_some(admin.clone())
+        (admin["routes"].as_array()?.len() == 5 && admin["errors"].as_array()?.len() == 4).then_some(admin.clone())
     })
     .await;
 
@@ -159,6 +163,9 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
         .unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}"))
         .to_string();
     assert!(refused.contains("wasi:http/outgoing-handler") && refused.contains("spec.egress"), "{refused}");
+    // A plugin declares its metrics once, from configure.
+    let twice = errors.iter().find(|e| e["resource"] == "GatewayPlugin default/declares-twice").map(Value::to_string);
+    assert!(twice.as_deref().is_some_and(|e| e.contains("metrics are declared once")), "{admin}");
 
     // The granted origin answers.
     let ok_url = granted.url("/ok");
@@ -260,4 +267,34 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
     assert!(count(&format!("plugin=\"caller\",{granted_label},result=\"too_large\"")) >= 1.0, "{metrics}");
     assert!(count(&format!("plugin=\"quick\",{granted_label},result=\"timeout\"")) >= 1.0, "{metrics}");
     assert!(count(&format!("plugin=\"one-at-a-time\",{granted_label},result=\"concurrency_cap\"")) >= 1.0, "{metrics}");
+
+    // The plugin's own metrics (`sluice:plugin/metrics`), declared in its
+    // configure: under its namespace and name, past its declared four
+    // values of `result` as `other`.
+    let own = |labels: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with("sluice_plugin_calls_total{") && line.contains(labels))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(own("namespace=\"default\",plugin=\"caller\",result=\"ok\""), 2.0, "{metrics}");
+    assert_eq!(own("namespace=\"default\",plugin=\"caller\",result=\"refused\""), 4.0, "{metrics}");
+    // ok, refused, too_large and failed came first; the timeout is a fifth.
+    assert_eq!(own("namespace=\"default\",plugin=\"caller\",result=\"other\""), 1.0, "{metrics}");
+    assert!(metrics.contains("sluice_plugin_call_seconds_bucket{namespace=\"default\",plugin=\"quick\""), "{metrics}");
+    // Instances started from the snapshot taken after configure (which
+    // answered `declare` without the host) count into the same series.
+    gateway.wait_for_snapshots(Duration::from_secs(60)).await;
+    let before = own("namespace=\"default\",plugin=\"caller\",result=\"ok\"");
+    for _ in 0..3 {
+        assert_eq!(outcome(&call(&gateway, "caller", &[("x-call", &ok_url)]).await).0, 200);
+    }
+    let metrics = gateway.client().get(&gateway.admin_url("/metrics")).await.text();
+    let after = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_plugin_calls_total{") && l.contains("plugin=\"caller\",result=\"ok\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert_eq!(after, before + 3.0, "{metrics}");
 }

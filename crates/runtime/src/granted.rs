@@ -23,6 +23,8 @@ pub struct StateAccess {
 pub(crate) struct Granted {
     pub state: Option<Arc<StateAccess>>,
     pub egress: Option<Arc<crate::egress::Egress>>,
+    /// The metrics it declared (always granted).
+    pub metrics: crate::plugin_metrics::Declared,
 }
 
 /// What a GatewayPlugin grants its plugin: each is refused at load to a

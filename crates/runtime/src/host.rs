@@ -54,6 +54,11 @@ pub(crate) struct PluginState {
     /// `wasi:http`'s context, and the send hook that enforces the grant.
     http: wasmtime_wasi_http::WasiHttpCtx,
     egress: crate::egress::EgressHooks,
+    /// Whether the current call is `configure`: metrics are declared there.
+    pub(crate) configuring: bool,
+    /// Whether this instance has declared its metrics.
+    pub(crate) metrics_declared: bool,
+    pub(crate) metrics: crate::plugin_metrics::Declared,
 }
 
 impl PluginState {
@@ -80,6 +85,9 @@ impl PluginState {
             serving: None,
             request_id: None,
             state: granted.state,
+            configuring: false,
+            metrics_declared: false,
+            metrics: granted.metrics,
             state_failed: None,
             settlements: Vec::new(),
             http: wasmtime_wasi_http::WasiHttpCtx::new(),

@@ -28,6 +28,7 @@ pub mod headers;
 mod host;
 mod memory;
 mod plugin;
+mod plugin_metrics;
 mod request;
 mod runtime;
 mod snapshot;

@@ -139,7 +139,7 @@ impl PluginModule {
             None => None,
         };
         let state = grants.state.map(|scope| Arc::new(StateAccess { store: self.shared.state.clone(), scope }));
-        let granted = Granted { state, egress };
+        let granted = Granted { state, egress, metrics: Default::default() };
         let mut plugin = ConfiguredPlugin {
             module: self.clone(),
             name: name.into(),
@@ -541,7 +541,9 @@ impl ConfiguredPlugin {
         let deadline = arm(&mut store, timeout);
         let start = async {
             let bindings = self.module.pre.instantiate_async(&mut store).await?;
+            store.data_mut().configuring = true;
             let hooks = bindings.configure(&mut store, &self.config).await?;
+            store.data_mut().configuring = false;
             Ok((bindings, hooks))
         };
         let (bindings, hooks) = within(deadline, start).await.map_err(|e| Made::from(&store, e, timeout))?;

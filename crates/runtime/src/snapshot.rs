@@ -9,10 +9,11 @@
 //!
 //! A snapshot cannot hold what an import returned (a resource handle, random
 //! bytes, the time, a log line already written), so every import traps while
-//! the snapshot's instance starts and configures, but one: the seed of hash
+//! the snapshot's instance starts and configures, but two: the seed of hash
 //! maps' flooding protection, which Rust's std asks for as soon as a
 //! `HashMap` (or a `serde_json` map) is made, and which WASI lets a host make
-//! deterministic. A plugin that calls another import there, or that Wizer
+//! deterministic; and `metrics.declare`, whose declaration the host kept
+//! from the plugin's first `configure` (it answers `ok` here). A plugin that calls another import there, or that Wizer
 //! cannot snapshot, keeps being configured per instance; the reason is logged
 //! once, at info.
 //!
@@ -407,6 +408,16 @@ fn snapshot_linker(component: &Component) -> wasmtime::Result<Linker<PluginState
         if name.starts_with(REQUEST_TYPES) {
             linker.instance(name)?.resource("request", ResourceType::host::<PluginRequest>(), |_, _| Ok(()))?;
         }
+        // What `configure` declares was kept from the plugin's first,
+        // live `configure` (the same config declares the same): here it is
+        // only answered.
+        if name.starts_with(METRICS) {
+            linker
+                .instance(name)?
+                .func_wrap("declare", |_, (_,): (Vec<crate::bindings::v3::sluice::plugin::metrics::Metric>,)| {
+                    Ok((Ok::<(), String>(()),))
+                })?;
+        }
         if name.starts_with(INSECURE_SEED) {
             linker.instance(name)?.func_wrap("insecure-seed", |mut store, (): ()| {
                 let state: &mut PluginState = store.data_mut();
@@ -418,6 +429,7 @@ fn snapshot_linker(component: &Component) -> wasmtime::Result<Linker<PluginState
 }
 
 const INSECURE_SEED: &str = "wasi:random/insecure-seed@";
+const METRICS: &str = "sluice:plugin/metrics@0.3";
 const REQUEST_TYPES: &str = "sluice:plugin/types@0.3";
 
 /// Reads an instrumented instance's state for Wizer, through the functions

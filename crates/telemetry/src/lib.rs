@@ -11,6 +11,7 @@ pub mod logging;
 mod memo;
 pub mod metrics;
 pub mod otlp_metrics;
+pub mod plugin_metrics;
 pub mod record;
 pub mod request_id;
 #[cfg(test)]

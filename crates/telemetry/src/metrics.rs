@@ -465,6 +465,7 @@ impl Metrics {
             self.response_buffer_refusals.clone(),
         );
         r.register("sluice_oci_pulls", "Plugin pulls from OCI registries, by result", self.oci_pulls.clone());
+        r.register_collector(Box::new(crate::plugin_metrics::PluginCollector));
         r.register(
             "sluice_plugin_outbound_calls",
             "Plugins' outbound HTTP calls, by plugin, granted destination and result",

@@ -44,6 +44,7 @@ mod action;
 pub mod chat;
 pub mod host;
 mod http;
+pub mod metrics;
 #[cfg(not(target_arch = "wasm32"))]
 mod native;
 pub mod outbound;

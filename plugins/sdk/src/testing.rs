@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use crate::native::NativeRequest;
-use crate::{Request, outbound};
+use crate::{Request, metrics, outbound};
 
 /// A `POST /v1/chat/completions` for `model` whose body is `body` with
 /// `model` set (a non-object `body` is sent as is).
@@ -114,6 +114,23 @@ pub fn on_outbound(responder: impl Fn(&outbound::Request) -> Result<outbound::Re
 /// answered or not.
 pub fn outbound_requests() -> Vec<outbound::Request> {
     outbound::sent()
+}
+
+/// Counter `name` for these label values (`other` for the values past
+/// the metric's `max_values`): 0 if nothing was added.
+pub fn counter(name: &str, labels: &[&str]) -> u64 {
+    metrics::counter(name, labels)
+}
+
+/// What histogram `name` recorded for these label values, in order.
+pub fn observations(name: &str, labels: &[&str]) -> Vec<f64> {
+    metrics::observations(name, labels)
+}
+
+/// Forgets this thread's declarations and values, so a test can declare
+/// again (the gateway takes one declaration per plugin).
+pub fn reset_metrics() {
+    metrics::reset()
 }
 
 /// Ends the response as the gateway does for reservations left to it

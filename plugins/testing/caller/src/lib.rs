@@ -1,5 +1,5 @@
-//! A test plugin that calls out and routes as request headers say, so the
-//! gateway's tests drive the 0.3.2 additions through the SDK:
+//! A test plugin that calls out, routes and counts as request headers say,
+//! so the gateway's tests drive the 0.3.2 additions through the SDK:
 //! - `x-call: URL` sends a request (`x-call-method`, `x-call-body`,
 //!   `x-call-timeout-ms`, `x-call-max-bytes`, and `x-call-header: NAME:
 //!   VALUE`, which may repeat) and answers 200 `{"status", "body",
@@ -7,18 +7,24 @@
 //!   "timeout" | "too_large" | "failed", "message"}`. With `x-call-follow: 1`
 //!   a 3xx with a `location` is followed once, as an ordinary client would.
 //! - `x-route-model: M` and `x-route-backend: B` route the request on.
+//! - `configure` declares the counter `calls{result}` (4 values: a fifth
+//!   result counts as `other`) and the histogram `call_seconds`, which each
+//!   call adds to. `declareTwice: true` declares again, and so fails.
 //!
-//! Anything else goes on unchanged. It takes no config.
+//! Anything else goes on unchanged.
 
 use serde::Deserialize;
 use serde_json::json;
+use sluice_plugin_sdk::metrics::{self, Metric};
 use sluice_plugin_sdk::outbound::{self, Error};
 use sluice_plugin_sdk::prelude::*;
 
-/// None: a test that passes some finds out.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Config {}
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    declare_twice: bool,
+}
 
 struct Caller;
 
@@ -27,7 +33,15 @@ impl Plugin for Caller {
     type Config = Config;
     type State = ();
 
-    fn new(_: Config) -> Result<Self, String> {
+    fn new(config: Config) -> Result<Self, String> {
+        let declared = [
+            Metric::counter("calls", "Outbound calls by result").labels(&["result"]).max_values(4),
+            Metric::histogram("call_seconds", "How long outbound calls took"),
+        ];
+        metrics::declare(&declared)?;
+        if config.declare_twice {
+            metrics::declare(&declared)?;
+        }
         Ok(Caller)
     }
 
@@ -39,8 +53,11 @@ impl Plugin for Caller {
         if let Some(backend) = headers.get_header("x-route-backend") {
             req.set_backend(backend);
         }
-        let Some(url) = headers.get_header("x-call") else { return Ok(Action::Continue) };
+        let Some(url) = headers.get_header("x-call") else {
+            return Ok(Action::Continue);
+        };
         let request = request(url, &headers)?;
+        let started = host::monotonic_ns();
         let mut result = outbound::send(&request);
         if headers.get_header("x-call-follow") == Some("1")
             && let Ok(response) = &result
@@ -48,6 +65,8 @@ impl Plugin for Caller {
         {
             result = outbound::send(&next);
         }
+        metrics::observe("call_seconds", &[], host::monotonic_ns().saturating_sub(started) as f64 / 1e9);
+        metrics::add("calls", &[result.as_ref().map_or_else(kind, |_| "ok")], 1);
         let (status, body) = match result {
             Ok(r) => (
                 200,
@@ -128,10 +147,11 @@ export_plugin!(Caller);
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
-    use sluice_plugin_sdk::testing::{self, on_outbound, outbound_requests};
+    use sluice_plugin_sdk::testing::{self, counter, observations, on_outbound, outbound_requests};
 
     use super::*;
 
+    /// Once per test (thread): the gateway takes one declaration.
     fn caller() -> Caller {
         sluice_plugin_sdk::configure::<Caller>("{}").unwrap()
     }
@@ -148,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn a_call_answers_what_came_back() {
+    fn a_call_answers_what_came_back_and_is_counted() {
         on_outbound(|r| {
             answer(201, &[("x-seen", "yes")], &format!("{} {}", r.method, String::from_utf8_lossy(&r.body)))
         });
@@ -169,6 +189,7 @@ mod tests {
             .timeout_ms(500)
             .max_response_bytes(10);
         assert_eq!(outbound_requests(), [outbound::Request { body: b"{}".to_vec(), ..expected }]);
+        assert_eq!((counter("calls", &["ok"]), observations("call_seconds", &[]).len()), (1, 1));
     }
 
     #[test]
@@ -183,6 +204,9 @@ mod tests {
         assert_eq!(call(&plugin, &[("x-call", "http://svc/")]).1["header_x_seen"], Value::Null);
         on_outbound(|_| Err(Error::Failed("ConnectionRefused".into())));
         assert_eq!(call(&plugin, &[("x-call", "http://svc/")]).1["message"], "failed: ConnectionRefused");
+        // Five results, four values: the fifth counts as `other`.
+        let counts = ["ok", "refused", "timeout", "too_large", "failed", "other"].map(|r| counter("calls", &[r]));
+        assert_eq!(counts, [1, 1, 1, 1, 0, 1]);
     }
 
     #[test]
@@ -218,5 +242,11 @@ mod tests {
         let req = testing::request_with_headers("m", &[]);
         assert_eq!(plugin.on_request(&req, &mut ()), Ok(Action::Continue));
         assert_eq!((req.routed_model(), outbound_requests().len()), (None, 0));
+    }
+
+    #[test]
+    fn declaring_twice_fails_configure() {
+        let error = sluice_plugin_sdk::configure::<Caller>(r#"{"declareTwice": true}"#).err();
+        assert_eq!(error.as_deref(), Some("caller: metrics are declared once, from configure"));
     }
 }
