@@ -27,6 +27,8 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 struct Origin {
     addr: SocketAddr,
     seen: Arc<AtomicUsize>,
+    /// The `traceparent` of each request it saw.
+    traceparents: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl Origin {
@@ -34,14 +36,18 @@ impl Origin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(AtomicUsize::new(0));
-        let counter = seen.clone();
+        let traceparents = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (counter, parents) = (seen.clone(), traceparents.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
-                let counter = counter.clone();
+                let (counter, parents) = (counter.clone(), parents.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                         counter.fetch_add(1, Ordering::SeqCst);
+                        if let Some(parent) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
+                            parents.lock().push(parent.to_string());
+                        }
                         answer(request)
                     });
                     let io = hyper_util::rt::TokioIo::new(stream);
@@ -49,7 +55,7 @@ impl Origin {
                 });
             }
         });
-        Origin { addr, seen }
+        Origin { addr, seen, traceparents }
     }
 
     fn url(&self, path: &str) -> String {
@@ -297,4 +303,44 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert_eq!(after, before + 3.0, "{metrics}");
+}
+
+/// With tracing on, a plugin's outbound call is a client span of the
+/// request's trace (named by plugin and granted origin, never the path),
+/// and the destination gets a `traceparent` naming that span, whatever the
+/// plugin set.
+#[tokio::test]
+async fn an_outbound_call_is_a_span_of_the_request() {
+    let echo = Echo::start().await;
+    let origin = Origin::start().await;
+    let collector = sluice_tests::Collector::start().await;
+    let dir = ConfigDir::new();
+    let grant = json!({"destinations": [destination(&format!("http://{}", origin.addr))]});
+    dir.write("plugins.yaml", &Plugin::new("caller", "caller").timeout_ms(5000).egress(grant).yaml());
+    dir.write("routes.yaml", &Route::new("caller", &["caller"], &echo.url()).plugins(&["caller"]).yaml());
+    let args = ["--otlp-endpoint", &collector.endpoint_grpc(), "--otlp-protocol", "grpc"].map(String::from).to_vec();
+    let gateway = Gateway::start_with(&dir, sluice_tests::Options { args, ..Default::default() }).await;
+
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    let url = origin.url("/ok?key=not-in-the-span");
+    let headers =
+        [("x-call", url.as_str()), ("traceparent", traceparent.as_str()), ("x-call-header", "traceparent: forged")];
+    let (status, body) = outcome(&call(&gateway, "caller", &headers).await);
+    assert_eq!((status, &body["status"]), (200, &json!(200)), "{body}");
+    let seen = origin.traceparents.lock().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let parts: Vec<&str> = seen[0].split('-').collect();
+    assert_eq!((parts[0], parts[1], parts[3]), ("00", trace_id, "01"), "{seen:?}");
+
+    let spans = collector
+        .wait_for_spans(|spans| spans.iter().any(|s| s.trace_id == trace_id && s.kind == 3), Duration::from_secs(30))
+        .await;
+    let call = spans.iter().find(|s| s.trace_id == trace_id && s.kind == 3).unwrap();
+    let server = spans.iter().find(|s| s.trace_id == trace_id && s.kind == 2).expect("the server span");
+    assert_eq!(call.span_id, parts[2], "the destination saw the call's span");
+    assert_eq!(call.parent_span_id.as_deref(), Some(server.span_id.as_str()));
+    assert_eq!(call.name, format!("plugin default/caller call http://{}", origin.addr));
+    assert_eq!(call.attributes["http.response.status_code"], json!(200), "{call:?}");
+    assert!(!format!("{call:?}").contains("not-in-the-span"), "the span holds the call's query: {call:?}");
 }

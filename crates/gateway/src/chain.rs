@@ -10,9 +10,11 @@ use http::{HeaderMap, Method, StatusCode, header};
 use sluice_chat::ChatBody;
 use sluice_core::{ApiError, Condition, FailurePolicy, Phase};
 use sluice_runtime::headers::{MAX_HEADERS, apply_edits, strip_hop_by_hop};
-use sluice_runtime::{Hooks, PluginError, PluginInstance, PluginRequest, RequestAction, Settlement, settle_all};
+use sluice_runtime::{
+    Hooks, OutboundCall, PluginError, PluginInstance, PluginRequest, RequestAction, Settlement, settle_all,
+};
 
-use sluice_telemetry::{Hook, Outcome, RequestRecord};
+use sluice_telemetry::{Hook, OutboundSpan, Outcome, RequestRecord};
 
 use crate::body::{Body, error_response, full};
 use crate::snapshot::{LoadedPlugin, Route, Snapshot};
@@ -101,6 +103,7 @@ impl Engaged {
         started: Instant,
         result: Result<T, PluginError>,
     ) -> Result<Option<T>, ApiError> {
+        record_calls(record, &self.plugin, hook, self.instance.take_outbound_calls());
         match result {
             Ok(value) => {
                 record.plugin_call(&self.plugin.id, hook, started, Outcome::Continue);
@@ -113,6 +116,25 @@ impl Engaged {
                 Ok(None)
             }
         }
+    }
+}
+
+/// The outbound calls `plugin` made in `hook`, as spans of the request.
+pub fn record_calls(record: &mut RequestRecord, plugin: &LoadedPlugin, hook: Hook, calls: Vec<OutboundCall>) {
+    let started = record.started;
+    let since = |at: Instant| at.saturating_duration_since(started);
+    for call in calls {
+        let span = OutboundSpan {
+            plugin: plugin.id.clone(),
+            hook,
+            destination: call.destination,
+            start: since(call.started),
+            end: since(call.ended),
+            status: call.status,
+            result: call.result,
+            span_id: call.span_id,
+        };
+        record.outbound_call(span);
     }
 }
 
@@ -338,7 +360,12 @@ async fn request_filter(
     let before = (plugin.decl.failure_policy == FailurePolicy::Open).then(|| request.clone());
     let started = Instant::now();
     let request_id = record.as_ref().map(|record| record.id.clone());
-    let result = run_request_filter(plugin, routing, request, request_id, settlements).await;
+    let trace = record.as_ref().and_then(|record| record.trace.as_ref()).filter(|t| t.sampled).map(|t| t.trace_id);
+    let mut calls = Vec::new();
+    let result = run_request_filter(plugin, routing, request, (request_id, trace), settlements, &mut calls).await;
+    if let Some(record) = record.as_deref_mut() {
+        record_calls(record, plugin, Hook::Request, calls);
+    }
     // A plugin without a request hook only had an instance made here (for
     // its response hooks): not a call, unless that failed.
     let called = plugin.hooks().contains(Hooks::REQUEST) || result.is_err();
@@ -381,8 +408,9 @@ async fn run_request_filter(
     plugin: &LoadedPlugin,
     routing: Routing<'_>,
     request: &mut PluginRequest,
-    request_id: Option<Arc<str>>,
+    (request_id, trace): (Option<Arc<str>>, Option<[u8; 16]>),
     settlements: &mut Vec<Settlement>,
+    calls: &mut Vec<OutboundCall>,
 ) -> Result<Step, PluginError> {
     let hooks = plugin.hooks();
     if hooks == Hooks::empty() {
@@ -392,8 +420,12 @@ async fn run_request_filter(
     if let Some(request_id) = request_id {
         instance.serve_request(request_id);
     }
+    instance.serve_trace(trace);
     if hooks.contains(Hooks::REQUEST) {
-        let action = instance.request_filter(request).await?;
+        let result = instance.request_filter(request).await;
+        // Its calls are the request's, whether the hook returned or not.
+        calls.extend(instance.take_outbound_calls());
+        let action = result?;
         // A decision it may not make fails it, under its failure policy
         // (`Open` undoes its edits, the decision included).
         routing.check(plugin, request)?;

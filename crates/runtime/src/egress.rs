@@ -132,11 +132,36 @@ impl Egress {
     }
 }
 
-/// The send hook of one instance: its plugin's grant, and the deadline of
-/// the hook it is in.
+/// One outbound call a plugin made, for the request's trace.
+#[derive(Clone, Debug)]
+pub struct OutboundCall {
+    /// The granted origin, or `other`.
+    pub destination: Arc<str>,
+    pub started: Instant,
+    /// When its response head came, or it failed.
+    pub ended: Instant,
+    pub status: Option<u16>,
+    /// As `sluice_plugin_outbound_calls_total` counts it.
+    pub result: &'static str,
+    /// The span id the destination saw in `traceparent`, if the request
+    /// is traced.
+    pub span_id: Option<[u8; 8]>,
+}
+
+/// The calls an instance made during the current request, at most
+/// [`MAX_RECORDED_CALLS`] (the rest are counted, not recorded).
+pub(crate) type Calls = Arc<parking_lot::Mutex<Vec<OutboundCall>>>;
+
+pub(crate) const MAX_RECORDED_CALLS: usize = 16;
+
+/// The send hook of one instance: its plugin's grant, the deadline of the
+/// hook it is in, the request's trace, and where its calls are recorded.
 pub(crate) struct EgressHooks {
     pub egress: Option<Arc<Egress>>,
     pub deadline: Instant,
+    /// The request's trace id, if it is traced (sampled).
+    pub trace: Option<[u8; 16]>,
+    pub calls: Calls,
 }
 
 impl WasiHttpHooks for EgressHooks {
@@ -160,8 +185,9 @@ impl WasiHttpHooks for EgressHooks {
         let asked = options.and_then(|o| o.first_byte_timeout.or(o.connect_timeout));
         let deadline =
             [egress.timeout, asked].into_iter().flatten().fold(self.deadline, |at, timeout| at.min(now + timeout));
+        let (trace, calls) = (self.trace, self.calls.clone());
         Box::new(async move {
-            let (response, io) = egress.send(request, deadline).await?;
+            let (response, io) = egress.send(request, deadline, trace, calls).await?;
             Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })
     }
@@ -170,45 +196,73 @@ impl WasiHttpHooks for EgressHooks {
 impl Egress {
     async fn send(
         self: Arc<Self>,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         deadline: Instant,
+        trace: Option<[u8; 16]>,
+        calls: Calls,
     ) -> Result<(http::Response<WasiBody>, std::future::Ready<Result<(), ErrorCode>>), ErrorCode> {
         let started = Instant::now();
+        let record = |destination: &str, result: &'static str, status: Option<u16>, span_id: Option<[u8; 8]>| {
+            self.count(destination, result, started);
+            let mut calls = calls.lock();
+            if calls.len() < MAX_RECORDED_CALLS {
+                let call = OutboundCall {
+                    destination: destination.into(),
+                    started,
+                    ended: Instant::now(),
+                    status,
+                    result,
+                    span_id,
+                };
+                calls.push(call);
+            }
+        };
         let Some(destination) = self.destination(request.uri()) else {
             // Not the plugin's to label with: the destination it asked for
             // is any string.
-            self.count("other", "denied", started);
+            record("other", "denied", None, None);
             tracing::debug!(plugin = &*self.plugin, "outbound call to a destination its grant does not list refused");
             return Err(ErrorCode::HttpRequestDenied);
         };
         let Ok(permit) = self.calls.clone().try_acquire_owned() else {
-            self.count(&destination.origin, "concurrency_cap", started);
+            record(&destination.origin, "concurrency_cap", None, None);
             return Err(ErrorCode::InternalError(Some(format!(
                 "sluice: the plugin has {} outbound calls in flight, its cap",
                 self.max_calls
             ))));
         };
+        // The call is a span of the request's trace: the destination
+        // gets its `traceparent`, whatever the plugin set.
+        let span_id = trace.map(|trace_id| {
+            let span_id = sluice_telemetry::trace::new_span_id();
+            let parent = format!("00-{}-{}-01", hex::encode(trace_id), hex::encode(span_id));
+            if let Ok(value) = http::HeaderValue::from_str(&parent) {
+                request.headers_mut().insert("traceparent", value);
+            }
+            span_id
+        });
         let at = tokio::time::Instant::from_std(deadline);
         let response = match tokio::time::timeout_at(at, destination.client.request(request)).await {
             Err(_) => {
-                self.count(&destination.origin, "timeout", started);
+                record(&destination.origin, "timeout", None, span_id);
                 return Err(ErrorCode::ConnectionTimeout);
             }
             Ok(Err(error)) => {
                 let code = error_code(&error);
-                self.count(&destination.origin, result_of(&code), started);
+                record(&destination.origin, result_of(&code), None, span_id);
                 return Err(code);
             }
             Ok(Ok(response)) => response,
         };
+        let status = Some(response.status().as_u16());
         let limit = self.max_response_bytes;
         if let Some(length) = response.headers().get(http::header::CONTENT_LENGTH)
             && length.to_str().ok().and_then(|l| l.parse::<u64>().ok()).is_some_and(|l| l > limit)
         {
-            self.count(&destination.origin, "too_large", started);
+            record(&destination.origin, "too_large", status, span_id);
             return Err(ErrorCode::HttpResponseBodySize(Some(limit)));
         }
-        self.count(&destination.origin, "ok", started);
+        record(&destination.origin, "ok", status, span_id);
         let response = response.map(|body| {
             Capped {
                 inner: body,

@@ -53,7 +53,7 @@ pub(crate) struct PluginState {
     pub(crate) settlements: Vec<crate::granted::Settlement>,
     /// `wasi:http`'s context, and the send hook that enforces the grant.
     http: wasmtime_wasi_http::WasiHttpCtx,
-    egress: crate::egress::EgressHooks,
+    pub(crate) egress: crate::egress::EgressHooks,
     /// Whether the current call is `configure`: metrics are declared there.
     pub(crate) configuring: bool,
     /// Whether this instance has declared its metrics.
@@ -91,7 +91,12 @@ impl PluginState {
             state_failed: None,
             settlements: Vec::new(),
             http: wasmtime_wasi_http::WasiHttpCtx::new(),
-            egress: crate::egress::EgressHooks { egress: granted.egress, deadline: Instant::now() },
+            egress: crate::egress::EgressHooks {
+                egress: granted.egress,
+                deadline: Instant::now(),
+                trace: None,
+                calls: Default::default(),
+            },
         }
     }
 }
@@ -109,6 +114,8 @@ impl PluginState {
         self.request_id = None;
         self.ticked = false;
         self.settlements.clear();
+        self.egress.trace = None;
+        self.egress.calls.lock().clear();
     }
 }
 

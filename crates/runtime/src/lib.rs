@@ -41,7 +41,7 @@ pub use bindings::{
     ChunkAction, Content, ContentPart, DirectResponse, Hooks, Message, RequestAction, Response, ResponseAction,
     ResponseEdits, ResponseSummary, Usage,
 };
-pub use egress::EgressConfig;
+pub use egress::{EgressConfig, OutboundCall};
 pub use granted::{Grants, Settlement, settle_all};
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
 pub use request::PluginRequest;

@@ -647,6 +647,23 @@ impl PluginInstance {
         }
     }
 
+    /// The request's trace (its trace id, if sampled): the plugin's
+    /// outbound calls carry it in `traceparent`, as child spans.
+    pub fn serve_trace(&mut self, trace_id: Option<[u8; 16]>) {
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().egress.trace = trace_id;
+        }
+    }
+
+    /// The outbound calls the plugin made since the last time they were
+    /// taken, for the request's trace.
+    pub fn take_outbound_calls(&mut self) -> Vec<crate::egress::OutboundCall> {
+        self.live
+            .as_mut()
+            .map(|live| std::mem::take(&mut *live.store.data_mut().egress.calls.lock()))
+            .unwrap_or_default()
+    }
+
     /// The reservations the plugin handed to the gateway in its request
     /// hook (`settle-at-end`), for the response's end.
     pub fn take_settlements(&mut self) -> Vec<crate::granted::Settlement> {

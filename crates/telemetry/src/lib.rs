@@ -20,4 +20,4 @@ pub mod trace;
 
 pub use logging::LogFormat;
 pub use metrics::{Label, metrics};
-pub use record::{Attempt, Hook, Outcome, PluginId, RequestRecord, Tokens};
+pub use record::{Attempt, Hook, OutboundSpan, Outcome, PluginId, RequestRecord, Tokens};

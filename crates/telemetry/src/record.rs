@@ -163,6 +163,23 @@ pub struct PluginCalls {
     pub skipped: bool,
 }
 
+/// One outbound HTTP call a plugin made (`spec.egress`).
+#[derive(Clone, Debug)]
+pub struct OutboundSpan {
+    pub plugin: Arc<PluginId>,
+    pub hook: Hook,
+    /// The granted origin called, or `other` (refused).
+    pub destination: Label,
+    /// Since the request started.
+    pub start: Duration,
+    pub end: Duration,
+    pub status: Option<u16>,
+    /// `ok`, or why it failed (`denied`, `timeout`, …).
+    pub result: &'static str,
+    /// The span id the destination saw in `traceparent`.
+    pub span_id: Option<[u8; 8]>,
+}
+
 /// One attempt to reach a backend.
 #[derive(Clone, Debug)]
 pub struct Attempt {
@@ -232,6 +249,8 @@ pub struct RequestRecord {
     pub consumer: Option<String>,
     pub attempts: Vec<Attempt>,
     pub plugins: Vec<PluginCalls>,
+    /// Plugins' outbound calls, for the trace.
+    pub outbound: Vec<OutboundSpan>,
     pub trace: Option<crate::context::TraceContext>,
     /// Moved on to whoever finishes it (the response body): this one is
     /// an empty shell, and finishing it does nothing.
@@ -263,6 +282,7 @@ impl RequestRecord {
             requested_model: None,
             attempts: Vec::new(),
             plugins: Vec::new(),
+            outbound: Vec::new(),
             trace: None,
             handed_off: false,
         }
@@ -302,6 +322,14 @@ impl RequestRecord {
                 outcome,
                 skipped: false,
             });
+        }
+    }
+
+    /// An outbound call a plugin made; past [`MAX_ENTRIES`] calls only
+    /// counted (by the runtime), not traced.
+    pub fn outbound_call(&mut self, call: OutboundSpan) {
+        if self.outbound.len() < MAX_ENTRIES {
+            self.outbound.push(call);
         }
     }
 

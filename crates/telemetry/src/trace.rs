@@ -447,6 +447,32 @@ fn spans(record: &RequestRecord, duration: Duration) -> Vec<SpanData> {
         spans.push(child);
     }
 
+    // Plugins' outbound calls: the destination's origin only (a path or
+    // query may carry what the plugin was given: keys, prompts).
+    for call in &record.outbound {
+        let plugin = &call.plugin;
+        let span_id = SpanId::from_bytes(call.span_id.unwrap_or_else(new_span_id));
+        let name = format!("plugin {}/{} call {}", plugin.namespace, plugin.name, call.destination);
+        let mut child = span(span_id, SpanKind::Client, name, (call.start, call.end));
+        let attributes = &mut child.attributes;
+        attributes.push(KeyValue::new("sluice.plugin.namespace", label(&plugin.namespace)));
+        attributes.push(KeyValue::new("sluice.plugin.name", label(&plugin.name)));
+        attributes.push(KeyValue::new("sluice.plugin.hook", call.hook.as_str()));
+        attributes.push(KeyValue::new("sluice.outbound.destination", label(&call.destination)));
+        if let Some((address, port)) = server_address(&call.destination) {
+            attributes.push(KeyValue::new("server.address", text(&address)));
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        if let Some(status) = call.status {
+            attributes.push(KeyValue::new("http.response.status_code", i64::from(status)));
+        }
+        if call.result != "ok" {
+            attributes.push(KeyValue::new("error.type", call.result));
+            child.status = Status::error(call.result);
+        }
+        spans.push(child);
+    }
+
     // The upstream gets the path without `/v1` under the backend URL, as the
     // proxy builds it.
     let suffix = record.path.strip_prefix("/v1").unwrap_or(&record.path);
