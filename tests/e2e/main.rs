@@ -30,6 +30,8 @@ mod plugin_context_trim;
 mod plugin_counter;
 mod plugin_egress;
 mod plugin_examples;
+mod plugin_guardrail;
+mod plugin_model_router;
 mod plugin_prompts;
 mod plugin_quota;
 mod plugin_response_guard;

@@ -115,3 +115,19 @@ async fn response_cache_example() {
     assert_eq!(again.header("x-sluice-cache"), Some("hit"), "{}", again.text());
     assert_eq!(again.json(), first.json());
 }
+
+/// The example routes `auto` by rules first: a short prompt to the small
+/// model, a keyword to the code model. (Its embeddings endpoint is
+/// OpenAI's, which this machine cannot reach: a long prompt without a
+/// keyword goes to the default after that call fails.)
+#[tokio::test]
+async fn model_router_example() {
+    let (_echo, _dir, gateway) = example("model-router").await;
+    let ask = |text: &str| chat("auto", json!([{"role": "user", "content": text}]));
+    let short = gateway.post("/v1/chat/completions", ask("hello"), &[]).await;
+    assert_eq!(short.echoed()["model"], "gpt-4o-mini", "{}", short.text());
+    assert_eq!(short.header("x-sluice-routed-model"), Some("gpt-4o-mini"));
+    let long = "Please look at this stack trace and tell me what went wrong. ".repeat(60);
+    let keyword = gateway.post("/v1/chat/completions", ask(&long), &[]).await;
+    assert_eq!(keyword.echoed()["model"], "code-model", "{}", keyword.text());
+}

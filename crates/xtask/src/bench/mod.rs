@@ -560,6 +560,7 @@ const SLUICE_ONLY: &[(&str, &str)] = &[
     ("starts", "Cold and warm start with 10 plugins"),
     ("streams", "1 vs 1,000 concurrent streams"),
     ("stream_hooks", "A per-chunk hook on streams, 100 a second"),
+    ("outbound", "A plugin's outbound call and routing decisions"),
 ];
 
 /// Runs the Sluice-only benches against the release binary (built by
