@@ -31,6 +31,7 @@ mod plugin_counter;
 mod plugin_egress;
 mod plugin_examples;
 mod plugin_guardrail;
+mod plugin_guardrail_presidio;
 mod plugin_model_router;
 mod plugin_prompts;
 mod plugin_quota;

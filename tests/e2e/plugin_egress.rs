@@ -344,3 +344,36 @@ async fn an_outbound_call_is_a_span_of_the_request() {
     assert_eq!(call.attributes["http.response.status_code"], json!(200), "{call:?}");
     assert!(!format!("{call:?}").contains("not-in-the-span"), "the span holds the call's query: {call:?}");
 }
+
+/// HTTPS to a granted destination is verified against the public roots
+/// plus the destination's own CA (`caFile`): with it the call is served,
+/// without it the certificate is refused.
+#[tokio::test]
+async fn https_is_verified_against_the_destinations_ca() {
+    let echo = Echo::start().await;
+    let origin = Origin::start().await;
+    let tls =
+        sluice_tests::TlsUpstream::start(origin.addr, sluice_tests::TlsOptions::new(&["127.0.0.1"]).http1_only()).await;
+    let dir = ConfigDir::new();
+    let ca = tls.write_ca(dir.path(), "ca.pem");
+    let https = format!("https://{}", tls.addr());
+    let trusted = json!({"destinations": [{"url": https, "caFile": ca.to_string_lossy()}]});
+    let plugins = [
+        Plugin::new("private-ca", "caller").timeout_ms(5000).egress(trusted).yaml(),
+        Plugin::new("public-roots", "caller").timeout_ms(5000).egress(json!({"destinations": [{"url": https}]})).yaml(),
+    ];
+    let route = |name: &str| Route::new(name, &[name], &echo.url()).plugins(&[name]).yaml();
+    dir.write("plugins.yaml", &documents(&plugins));
+    dir.write("routes.yaml", &documents(&[route("private-ca"), route("public-roots")]));
+    let gateway = Gateway::start(&dir).await;
+
+    let url = format!("{https}/ok");
+    let (status, body) = outcome(&call(&gateway, "private-ca", &[("x-call", &url)]).await);
+    assert_eq!((status, &body["status"]), (200, &json!(200)), "{body}");
+    assert!(body["body"].as_str().unwrap().contains("world"), "{body}");
+    let before = origin.seen();
+    let (status, body) = outcome(&call(&gateway, "public-roots", &[("x-call", &url)]).await);
+    assert_eq!((status, &body["error"]), (502, &json!("failed")), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("Tls"), "{body}");
+    assert_eq!(origin.seen(), before, "a request went through an unverified connection");
+}

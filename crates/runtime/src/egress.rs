@@ -310,15 +310,10 @@ fn error_code(error: &hyper_util::client::legacy::Error) -> ErrorCode {
             tracing::debug!(why = %refused.0, "outbound call refused");
             return ErrorCode::DestinationIpProhibited;
         }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return ErrorCode::ConnectionRefused;
-            }
-            if io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()) {
-                return ErrorCode::TlsCertificateError;
-            }
+        if cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return ErrorCode::ConnectionRefused;
         }
-        if cause.downcast_ref::<rustls::Error>().is_some() {
+        if is_tls(cause) {
             return ErrorCode::TlsCertificateError;
         }
         source = cause.source();
@@ -327,6 +322,18 @@ fn error_code(error: &hyper_util::client::legacy::Error) -> ErrorCode {
         return ErrorCode::DestinationUnavailable;
     }
     ErrorCode::HttpProtocolError
+}
+
+/// Whether `error` is TLS's, or an I/O error wrapping it (hyper-rustls
+/// wraps it twice, and an I/O error's `source` skips what it wraps).
+fn is_tls(error: &(dyn std::error::Error + 'static)) -> bool {
+    if error.downcast_ref::<rustls::Error>().is_some() {
+        return true;
+    }
+    match error.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+        Some(inner) => is_tls(inner),
+        None => false,
+    }
 }
 
 /// A response body cut off at the byte cap and at the call's deadline; it

@@ -50,6 +50,13 @@ pub const PYTHON_TOOLS: &[&str] = &[
     // (tests/e2e/upstream_shapes.rs).
     "openai==3.57.0",
     "anthropic==2.16.0",
+    // Microsoft Presidio's analyzer, which the guardrail plugin's tests run
+    // behind its REST API (tests/harness/presidio_server.py), with its
+    // pattern recognizers and no spaCy model; spaCy pinned too, as the
+    // server builds its blank pipeline. All wheels: about 80 MB to download,
+    // 250 MB installed.
+    "presidio-analyzer==2.2.366",
+    "spacy==3.8.18",
 ];
 
 /// The wit-bindgen CLI that generates the C guest's bindings.
