@@ -25,6 +25,7 @@ mod hostile_upstream;
 // decorator-lite example in every guest language (plugins/examples).
 mod conformance;
 mod plugin_auth;
+mod plugin_auth_remote;
 mod plugin_cache;
 mod plugin_context_trim;
 mod plugin_counter;

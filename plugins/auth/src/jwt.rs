@@ -1,4 +1,6 @@
-//! JWT verification against an inline JWKS.
+//! JWT verification against an inline JWKS, and with the `remote` feature
+//! (the auth-remote plugin), against keys fetched from the identity
+//! provider (`remote.rs`).
 //!
 //! Each key is bound to one algorithm when the config loads (`jwk.rs`): the
 //! JWK's `alg`, or the one its type implies (`oct` HS256, `RSA` RS256, `EC`
@@ -17,14 +19,20 @@ use serde_json::{Map, Value};
 use sluice_plugin_sdk::host;
 
 use crate::jwk::{Alg, Key};
+use crate::remote::{RemoteConfig, RemoteKeys};
 
 pub type Claims = Map<String, Value>;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JwtConfig {
-    /// `{"keys": [JWK, …]}`, as an identity provider publishes it.
-    jwks: Jwks,
+    /// `{"keys": [JWK, …]}`, as an identity provider publishes it. With
+    /// `remote`, optional: the keys used while no fresh remote set is held.
+    jwks: Option<Jwks>,
+    /// Keys fetched from the identity provider: the auth-remote plugin only.
+    remote: Option<RemoteConfig>,
+    /// Not a field: named so that its error says where remote keys go.
+    jwks_uri: Option<serde::de::IgnoredAny>,
     /// Accepted `iss` values; unchecked when absent.
     issuer: Option<OneOrMany>,
     /// Accepted `aud` values (one must be in the token); unchecked when absent.
@@ -84,7 +92,9 @@ impl OneOrMany {
 }
 
 pub struct JwtVerifier {
+    /// The inline keys.
     keys: Vec<Key>,
+    remote: Option<RemoteKeys>,
     issuers: Vec<String>,
     audiences: Vec<String>,
     leeway: u64,
@@ -103,18 +113,51 @@ pub struct Forbidden {
     pub scope: Option<String>,
 }
 
+/// Why a token is not let through.
+#[derive(Debug, PartialEq)]
+pub enum Rejected {
+    /// The token is not valid: a 401.
+    Invalid(String),
+    /// No key could be had to check it with: the identity provider's keys
+    /// are not fetched yet or not reachable, and there are no inline keys
+    /// to fall back on. A 503: the token may well be good.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    KeysUnavailable(String),
+}
+
+impl From<String> for Rejected {
+    fn from(why: String) -> Rejected {
+        Rejected::Invalid(why)
+    }
+}
+
+impl From<&str> for Rejected {
+    fn from(why: &str) -> Rejected {
+        Rejected::Invalid(why.to_string())
+    }
+}
+
 impl JwtVerifier {
     pub fn new(config: JwtConfig) -> Result<JwtVerifier, String> {
-        if config.jwks.keys.is_empty() {
-            return Err("jwt.jwks.keys is empty".into());
+        if config.jwks_uri.is_some() {
+            return Err("jwt.jwksUri: keys from a URL are configured as jwt.remote.jwksUri (or jwt.remote.issuer, \
+                        for OIDC discovery), with the auth-remote plugin"
+                .into());
         }
-        let keys = config
-            .jwks
-            .keys
-            .into_iter()
-            .enumerate()
-            .map(|(i, key)| Key::from_jwk(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
-            .collect::<Result<_, _>>()?;
+        // Tokens of a discovered issuer carry it as `iss`.
+        let discovered_issuer = config.remote.as_ref().and_then(RemoteConfig::issuer).map(str::to_string);
+        let remote = config.remote.map(RemoteKeys::new).transpose()?;
+        let keys = match config.jwks {
+            Some(jwks) if jwks.keys.is_empty() => return Err("jwt.jwks.keys is empty".into()),
+            Some(jwks) => jwks
+                .keys
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| Key::from_jwk(key).map_err(|e| format!("jwt.jwks.keys[{i}]: {e}")))
+                .collect::<Result<_, _>>()?,
+            None if remote.is_none() => return Err("jwt.jwks is required: the keys tokens are checked with".into()),
+            None => Vec::new(),
+        };
         let mut claim_headers: Vec<(String, String)> = Vec::new();
         for (header, claim) in config.claim_headers {
             let header = header_name(&header).map_err(|e| format!("jwt.claimHeaders: {e}"))?;
@@ -126,7 +169,8 @@ impl JwtVerifier {
         }
         Ok(JwtVerifier {
             keys,
-            issuers: config.issuer.map(OneOrMany::into_vec).unwrap_or_default(),
+            remote,
+            issuers: config.issuer.map(OneOrMany::into_vec).or(discovered_issuer.map(|i| vec![i])).unwrap_or_default(),
             audiences: config.audience.map(OneOrMany::into_vec).unwrap_or_default(),
             leeway: config.leeway_seconds,
             require_exp: config.require_exp,
@@ -139,7 +183,7 @@ impl JwtVerifier {
 
     /// The token's claims, if its signature, time window, issuer and
     /// audience are all good; otherwise why not.
-    pub fn verify(&self, token: &str) -> Result<Claims, String> {
+    pub fn verify(&self, token: &str) -> Result<Claims, Rejected> {
         // JWS compact serialization: header.payload.signature, the
         // signature over the first two as sent.
         let (signed, signature) = token.rsplit_once('.').ok_or("malformed token")?;
@@ -156,15 +200,35 @@ impl JwtVerifier {
         }
         let alg = Alg::parse(alg_name).ok_or_else(|| format!("unsupported token algorithm {alg_name:?}"))?;
         let kid = header.get("kid").and_then(Value::as_str);
-        let candidates: Vec<&Key> = self.keys.iter().filter(|k| kid.is_none() || k.kid.as_deref() == kid).collect();
+        let by_kid = |k: &&Key| kid.is_none() || k.kid.as_deref() == kid;
+        let mut candidates: Vec<&Key> = Vec::new();
+        // The remote keys, if configured: a fresh set alone, else what is
+        // held of an expired one and the inline keys.
+        let selection;
+        let inline = match &self.remote {
+            Some(remote) => {
+                selection = remote.select(kid);
+                candidates.extend(selection.keys(kid));
+                if selection.is_none() && self.keys.is_empty() {
+                    return Err(Rejected::KeysUnavailable(
+                        "the identity provider's keys are not available yet; try again shortly".into(),
+                    ));
+                }
+                selection.with_inline()
+            }
+            None => true,
+        };
+        if inline {
+            candidates.extend(self.keys.iter().filter(by_kid));
+        }
         if candidates.is_empty() {
-            return Err(format!("no key with kid {:?}", kid.unwrap_or_default()));
+            return Err(format!("no key with kid {:?}", kid.unwrap_or_default()).into());
         }
         // Only keys bound to the token's algorithm: this is what defeats
         // algorithm confusion.
         let candidates: Vec<&Key> = candidates.into_iter().filter(|k| k.alg == alg).collect();
         if candidates.is_empty() {
-            return Err(format!("no key accepts {alg_name} tokens"));
+            return Err(format!("no key accepts {alg_name} tokens").into());
         }
         let signature = URL_SAFE_NO_PAD.decode(signature).map_err(|_| "invalid token signature")?;
         if !candidates.iter().any(|key| key.verify(signed.as_bytes(), &signature)) {

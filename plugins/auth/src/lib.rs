@@ -11,9 +11,15 @@
 //! The plugin owns the consumer header and every `jwt.claimHeaders` name. It
 //! removes all of them from every request it lets through, however the client
 //! authenticated, and sets them only from the verified key or token.
+//!
+//! The same sources build two components: `auth`, with inline keys only and
+//! no import that needs a grant, and with the `remote` feature `auth-remote`
+//! (plugins/auth-remote), which also fetches keys from the identity provider
+//! (`jwt.remote`, `remote.rs`).
 
 mod jwk;
 mod jwt;
+mod remote;
 
 use std::collections::BTreeMap;
 
@@ -23,7 +29,7 @@ use sluice_plugin_sdk::ModelPattern;
 use sluice_plugin_sdk::prelude::*;
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use crate::jwt::{JwtConfig, JwtVerifier};
+use crate::jwt::{JwtConfig, JwtVerifier, Rejected};
 
 /// Headers that carry the client's credential. Never forwarded.
 const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
@@ -94,7 +100,7 @@ struct Identity {
 }
 
 impl Plugin for Auth {
-    const NAME: &'static str = "auth";
+    const NAME: &'static str = if cfg!(feature = "remote") { "auth-remote" } else { "auth" };
     type Config = Config;
     type State = ();
 
@@ -201,7 +207,12 @@ impl Auth {
 
     fn token(&self, jwt: &JwtVerifier, token: &str) -> Result<Identity, ApiError> {
         let invalid = |why: String| self.unauthorized("invalid_token", &why, Some("invalid_token"));
-        let claims = jwt.verify(token).map_err(invalid)?;
+        let claims = jwt.verify(token).map_err(|rejected| match rejected {
+            Rejected::Invalid(why) => invalid(why),
+            Rejected::KeysUnavailable(why) => {
+                ApiError::new(503, "jwks_unavailable", why).with_header("retry-after", "1")
+            }
+        })?;
         let consumer = jwt.consumer(&claims).map_err(invalid)?;
         jwt.check_access(&claims).map_err(|denied| {
             let mut challenge = format!("Bearer realm=\"{}\", error=\"insufficient_scope\"", self.realm);
@@ -315,5 +326,7 @@ fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
 
 export_plugin!(Auth);
 
+#[cfg(all(test, feature = "remote"))]
+mod remote_tests;
 #[cfg(test)]
 mod tests;

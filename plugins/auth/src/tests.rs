@@ -450,6 +450,32 @@ fn bad_configs_are_rejected() {
     );
 }
 
+/// `auth` has no network: a config that asks it to fetch keys is refused,
+/// naming the plugin that can, and `jwt.jwks` stays required.
+#[cfg(not(feature = "remote"))]
+#[test]
+fn remote_keys_are_refused_naming_auth_remote() {
+    let error = |config: Value| sluice_plugin_sdk::configure::<Auth>(&config.to_string()).err().unwrap();
+    for remote in [json!({"jwksUri": "https://idp.example/keys"}), json!({"issuer": "https://idp.example"})] {
+        let message = error(json!({"jwt": {"remote": remote}}));
+        assert!(message.starts_with("auth: jwt.remote (jwksUri, issuer): "), "{message}");
+        assert!(message.contains("needs the auth-remote plugin"), "{message}");
+    }
+    let jwks: Value = serde_json::from_str(JWKS).unwrap();
+    let message = error(json!({"jwt": {"jwks": jwks, "remote": {"issuer": "https://idp.example"}}}));
+    assert!(message.contains("auth-remote"), "inline keys beside do not change it: {message}");
+    assert!(error(json!({"jwt": {"issuer": "https://idp.example"}})).contains("jwt.jwks is required"));
+}
+
+/// Where a guessed `jwt.jwksUri` goes, in either build.
+#[test]
+fn a_jwks_uri_field_says_where_remote_keys_go() {
+    let error = sluice_plugin_sdk::configure::<Auth>(&json!({"jwt": {"jwksUri": "https://idp/keys"}}).to_string());
+    let message = error.err().unwrap();
+    assert!(message.contains("jwt.jwksUri: keys from a URL are configured as jwt.remote.jwksUri"), "{message}");
+    assert!(message.contains("auth-remote"), "{message}");
+}
+
 fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
     headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect()
 }
