@@ -34,6 +34,7 @@ mod plugin_examples;
 mod plugin_guardrail;
 mod plugin_guardrail_presidio;
 mod plugin_model_router;
+mod plugin_outbound_languages;
 mod plugin_prompts;
 mod plugin_quota;
 mod plugin_response_guard;

@@ -210,6 +210,14 @@ async fn prompts_are_checked_before_they_are_forwarded() {
     assert_eq!(metric(&gateway, verdicts, &labels("down-open", "response", "error")).await, 1.0);
     let seconds = "sluice_plugin_guardrail_check_seconds_count";
     assert_eq!(metric(&gateway, seconds, "plugin=\"guarded\",phase=\"request\"").await, 2.0);
+
+    // The checker's key went to the checker only: not to the log, the
+    // metrics or the admin view.
+    let metrics = gateway.client().get(&gateway.admin_url("/metrics")).await.text();
+    let admin = gateway.admin_config().await.to_string();
+    for (what, text) in [("log", gateway.log()), ("metrics", metrics), ("admin config", admin)] {
+        assert!(!text.contains("sk-moderation-e2e"), "the checker's key is in the {what}");
+    }
 }
 
 /// The content of the streamed chunks, and the error event if the stream

@@ -142,6 +142,7 @@ fn build_examples(tools: &GuestTools, target_dir: &Path) -> Result<()> {
         python_example(tools, "python", "plugin"),
         python_example(tools, "python-counter", "stateful-plugin"),
         js_example(),
+        js_fetch_example(),
         c_example(tools)?,
     ];
     let results: Vec<Result<&'static str>> = thread::scope(|scope| {
@@ -244,6 +245,24 @@ fn js_example() -> Example {
             .into_iter()
             .chain([WIT.into()])
             .collect(),
+        settings: String::new(),
+        command: Box::new(move |out| {
+            let mut cmd = Command::new("node");
+            cmd.arg(&build).arg(out);
+            cmd
+        }),
+    }
+}
+
+/// plugins/examples/js-fetch: `fetch()` under the `outbound-plugin` world,
+/// built with the componentize-js installed for the JavaScript example.
+fn js_fetch_example() -> Example {
+    let dir = Path::new(EXAMPLES).join("js-fetch");
+    let build = dir.join("build.mjs");
+    let lock = Path::new(toolchain::JS_EXAMPLE_DIR).join("package-lock.json");
+    Example {
+        name: "example-js-fetch".into(),
+        inputs: vec![dir.join("fetch-check.js"), build.clone(), lock, WIT.into()],
         settings: String::new(),
         command: Box::new(move |out| {
             let mut cmd = Command::new("node");
