@@ -61,7 +61,7 @@ async fn measure(gateway: &Gateway, model: &str, headers: &[(&str, &str)], reque
         let reply = gateway.post("/v1/chat/completions", body.clone(), headers).await;
         assert_eq!(reply.status, 200, "{model} {headers:?}: {}", reply.text());
     }
-    let cpu = gateway.cpu_seconds();
+    let cpu = cpu_seconds(gateway);
     let mut timings = Vec::with_capacity(requests);
     for _ in 0..requests {
         let started = Instant::now();
@@ -69,15 +69,15 @@ async fn measure(gateway: &Gateway, model: &str, headers: &[(&str, &str)], reque
         timings.push(started.elapsed());
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
-    let cpu_us = (gateway.cpu_seconds() - cpu) * 1e6 / requests as f64;
+    let cpu_us = (cpu_seconds(gateway) - cpu) * 1e6 / requests as f64;
     timings.sort();
     Measured { cpu_us, median: percentile(&timings, 0.5), p99: percentile(&timings, 0.99) }
 }
 
 /// The same call as the plugin makes, from the bench: a pooled client.
 async fn direct(url: &str, requests: usize) -> Measured {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Empty<Bytes>>();
+    let client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let uri: hyper::Uri = url.parse().unwrap();
     let mut timings = Vec::with_capacity(requests);
     for i in 0..requests + requests / 10 {
@@ -92,9 +92,21 @@ async fn direct(url: &str, requests: usize) -> Measured {
     Measured { cpu_us: f64::NAN, median: percentile(&timings, 0.5), p99: percentile(&timings, 0.99) }
 }
 
+/// The gateway's CPU time so far, in seconds: the sum of its threads'
+/// schedstat run times (nanoseconds, where /proc/PID/stat counts 10 ms
+/// ticks, too coarse for a few thousand requests).
+fn cpu_seconds(gateway: &Gateway) -> f64 {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.pid())).expect("reading /proc");
+    let ns: u64 = tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
 fn main() {
     let quick = std::env::var_os("SLUICE_BENCH_QUICK").is_some();
-    let requests = if quick { 300 } else { 3000 };
+    let requests = if quick { 300 } else { 2000 };
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     tokio.block_on(async {
         let echo = Echo::start().await;
@@ -117,19 +129,36 @@ fn main() {
             ("routing to another model of the route", vec![("x-route-model", "bench-alt")]),
             ("routing to a model of another route", vec![("x-route-model", "other")]),
         ];
+        // Rounds of every case in turn, so drift on a shared machine hits
+        // each case alike; each figure is the median over rounds.
+        let rounds = if quick { 1 } else { 5 };
+        let mut results: Vec<Vec<Measured>> = cases.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds {
+            for ((_, headers), results) in cases.iter().zip(&mut results) {
+                results.push(measure(&gateway, "bench", headers, requests).await);
+            }
+        }
+        let median = |values: &mut Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        let summary: Vec<(f64, f64, f64)> = results
+            .iter()
+            .map(|rounds| {
+                let cpu = median(&mut rounds.iter().map(|m| m.cpu_us).collect());
+                let p50 = median(&mut rounds.iter().map(|m| m.median.as_secs_f64() * 1e6).collect());
+                let p99 = median(&mut rounds.iter().map(|m| m.p99.as_secs_f64() * 1e6).collect());
+                (cpu, p50, p99)
+            })
+            .collect();
         println!("| case | gateway CPU per request | median latency | p99 latency | over the baseline (CPU, median) |");
         println!("|---|---:|---:|---:|---:|");
-        let mut baseline = None;
-        for (name, headers) in &cases {
-            let m = measure(&gateway, "bench", headers, requests).await;
-            let (cpu0, median0) = *baseline.get_or_insert((m.cpu_us, m.median));
+        let (cpu0, p500, _) = summary[0];
+        for ((name, _), (cpu, p50, p99)) in cases.iter().zip(&summary) {
             println!(
-                "| {name} | {:.1} µs | {:.0} µs | {:.0} µs | {:+.1} µs, {:+.0} µs |",
-                m.cpu_us,
-                m.median.as_secs_f64() * 1e6,
-                m.p99.as_secs_f64() * 1e6,
-                m.cpu_us - cpu0,
-                (m.median.as_secs_f64() - median0.as_secs_f64()) * 1e6,
+                "| {name} | {cpu:.1} µs | {p50:.0} µs | {p99:.0} µs | {:+.1} µs, {:+.0} µs |",
+                cpu - cpu0,
+                p50 - p500
             );
         }
         let d = direct(&url, requests).await;
@@ -139,7 +168,7 @@ fn main() {
             d.p99.as_secs_f64() * 1e6
         );
         println!(
-            "\n{requests} requests per case, one at a time, after {} to warm up; the gateway's CPU from /proc.",
+            "\n{rounds} rounds of {requests} requests per case, one at a time, each after {} to warm up; the median over rounds; the gateway's CPU from its threads' schedstat.",
             requests / 10
         );
     });

@@ -561,6 +561,7 @@ const SLUICE_ONLY: &[(&str, &str)] = &[
     ("streams", "1 vs 1,000 concurrent streams"),
     ("stream_hooks", "A per-chunk hook on streams, 100 a second"),
     ("outbound", "A plugin's outbound call and routing decisions"),
+    ("guardrail", "The streaming guardrail's added time to first token"),
 ];
 
 /// Runs the Sluice-only benches against the release binary (built by
