@@ -175,6 +175,37 @@ fn plugin_files_are_read_only_under_the_directories_the_gateway_allows() {
     assert_eq!(refused("plugins/p.wasm", &allowed).reason, reason::INVALID);
 }
 
+#[test]
+fn an_egress_ca_comes_from_a_secret_or_an_allowed_host_file() {
+    let oci = json!({"oci": "r.example/p:1"});
+    let with = |destination: Value| gateway_plugin(json!({"source": oci, "egress": {"destinations": [destination]}}));
+    let ca = secret("checker-ca", None, &[("ca.crt", "-----BEGIN CERTIFICATE-----")]);
+    let by_secret = with(json!({"url": "https://checker.team:8443", "caSecretRef": {"name": "checker-ca"}}));
+    let decl = super::plugin(&by_secret, &secrets(std::slice::from_ref(&ca)), &tenancy()).unwrap();
+    let grant = decl.egress.unwrap();
+    assert_eq!(grant.destinations[0].origin(), "https://checker.team:8443");
+    assert!(matches!(&grant.destinations[0].ca, Some(Pem::Value(pem)) if pem.expose().starts_with("-----BEGIN")));
+    assert!(plugin_secret_names(&by_secret).contains(&"checker-ca".to_string()), "watched for changes");
+
+    let missing = super::plugin(&by_secret, &secrets(&[]), &tenancy()).unwrap_err();
+    assert_eq!(missing.reason, reason::SECRET_NOT_FOUND);
+    let no_ca = super::plugin(&by_secret, &secrets(&[secret("checker-ca", None, &[])]), &tenancy()).unwrap_err();
+    assert!(no_ca.message.contains("holds no ca.crt"), "{}", no_ca.message);
+
+    let by_file = with(json!({"url": "https://checker.team", "caFile": "/etc/ssl/private/ca.pem"}));
+    let refused = super::plugin(&by_file, &secrets(&[]), &tenancy()).unwrap_err();
+    assert_eq!(refused.reason, reason::NOT_PERMITTED);
+    let allowed = Tenancy { host_file_dirs: vec!["/etc/ssl/private".into()], ..tenancy() };
+    assert!(super::plugin(&by_file, &secrets(&[]), &allowed).is_ok());
+
+    let plain = with(json!({"url": "http://checker.team/path"}));
+    assert_eq!(super::plugin(&plain, &secrets(&[]), &tenancy()).unwrap_err().reason, reason::INVALID);
+}
+
+fn plugin_secret_names(plugin: &GatewayPlugin) -> Vec<String> {
+    plugin.secret_names().map(String::from).collect()
+}
+
 fn route_with_backend(backend: Value) -> AIModelRoute {
     serde_json::from_value(json!({
         "apiVersion": "sluice.dev/v1alpha1", "kind": "AIModelRoute",
