@@ -24,8 +24,12 @@ pub(crate) struct Granted {
     pub state: Option<Arc<StateAccess>>,
     pub egress: Option<Arc<crate::egress::Egress>>,
     /// The metrics it declared (always granted).
-    pub metrics: crate::plugin_metrics::Declared,
+    pub metrics: DeclaredMetrics,
 }
+
+/// What a configured plugin declared (`sluice:plugin/metrics`), set by its
+/// first `configure` and shared by all its instances.
+pub(crate) type DeclaredMetrics = Arc<std::sync::OnceLock<Arc<sluice_telemetry::plugin_metrics::PluginMetrics>>>;
 
 /// What a GatewayPlugin grants its plugin: each is refused at load to a
 /// component that imports it without the grant.

@@ -58,7 +58,7 @@ pub(crate) struct PluginState {
     pub(crate) configuring: bool,
     /// Whether this instance has declared its metrics.
     pub(crate) metrics_declared: bool,
-    pub(crate) metrics: crate::plugin_metrics::Declared,
+    pub(crate) metrics: crate::granted::DeclaredMetrics,
 }
 
 impl PluginState {

@@ -2,16 +2,10 @@
 //! from `configure`, kept and exported by `sluice_telemetry::plugin_metrics`
 //! under the plugin's namespace and name.
 
-use std::sync::{Arc, OnceLock};
-
-use sluice_telemetry::plugin_metrics::{self, Declaration, Kind, PluginMetrics};
+use sluice_telemetry::plugin_metrics::{self, Declaration, Kind};
 
 use crate::bindings::v3::sluice::plugin::metrics as wit;
 use crate::host::PluginState;
-
-/// What a configured plugin declared, set by its first `configure` and
-/// shared by all its instances.
-pub(crate) type Declared = Arc<OnceLock<Arc<PluginMetrics>>>;
 
 impl wit::Host for PluginState {
     fn declare(&mut self, metrics: Vec<wit::Metric>) -> wasmtime::Result<Result<(), String>> {

@@ -315,7 +315,7 @@ mod imp {
     }
 }
 
-#[cfg(all(test, not(target_arch = "wasm32")))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{counter, observations, reset_metrics};

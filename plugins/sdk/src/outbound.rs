@@ -396,7 +396,7 @@ pub(crate) fn sent() -> Vec<Request> {
     imp::sent()
 }
 
-#[cfg(all(test, not(target_arch = "wasm32")))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{on_outbound, outbound_requests};

@@ -26,6 +26,11 @@ fn exported(namespace: &str) -> Vec<String> {
 }
 
 #[test]
+fn past_a_cap_a_value_is_what_the_gateways_own_labels_call_it() {
+    assert_eq!(OTHER, crate::metrics::OTHER);
+}
+
+#[test]
 fn declarations_are_checked() {
     assert_eq!(check(&[counter("calls", &["result"], 4), histogram("latency", &[0.1, 1.0])]), Ok(()));
     let refused = [

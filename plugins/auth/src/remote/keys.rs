@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use sluice_plugin_sdk::metrics::{self, Metric};
 use sluice_plugin_sdk::{HeaderList, LogLevel, host, outbound, state};
 
-use super::RemoteConfig;
+use super::config::RemoteConfig;
 use crate::jwk::Key;
 
 /// The most a JWKS or discovery document may be: a set is kept in shared
