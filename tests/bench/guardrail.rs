@@ -26,6 +26,10 @@ use serde_json::json;
 use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents, percentile};
 use tokio::net::TcpListener;
 
+#[path = "cpu.rs"]
+mod cpu;
+use cpu::cpu_seconds;
+
 const CHUNKS: u32 = 10;
 const CHUNK_DELAY_MS: u64 = 20;
 
@@ -103,18 +107,6 @@ async fn streams(gateway: &Gateway, model: &str, calls: &AtomicU64, n: usize) ->
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// The gateway's CPU time so far, in seconds: the sum of its threads'
-/// schedstat run times (nanoseconds, where /proc/PID/stat counts 10 ms
-/// ticks, too coarse for a few thousand requests).
-fn cpu_seconds(gateway: &Gateway) -> f64 {
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.pid())).expect("reading /proc");
-    let ns: u64 = tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    ns as f64 / 1e9
 }
 
 fn main() {

@@ -28,6 +28,10 @@ use serde_json::json;
 use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents, percentile};
 use tokio::net::TcpListener;
 
+#[path = "cpu.rs"]
+mod cpu;
+use cpu::cpu_seconds;
+
 /// A server answering every request with 16 bytes, on loopback.
 async fn origin() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -90,18 +94,6 @@ async fn direct(url: &str, requests: usize) -> Measured {
     }
     timings.sort();
     Measured { cpu_us: f64::NAN, median: percentile(&timings, 0.5), p99: percentile(&timings, 0.99) }
-}
-
-/// The gateway's CPU time so far, in seconds: the sum of its threads'
-/// schedstat run times (nanoseconds, where /proc/PID/stat counts 10 ms
-/// ticks, too coarse for a few thousand requests).
-fn cpu_seconds(gateway: &Gateway) -> f64 {
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.pid())).expect("reading /proc");
-    let ns: u64 = tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    ns as f64 / 1e9
 }
 
 fn main() {

@@ -12,13 +12,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::plugin_support::serve_each as serve;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Route, Streamed, documents, run_sdk_script};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Streamed, run_sdk_script};
 use tokio::net::TcpListener;
 
 /// What the checker flags.
@@ -110,21 +111,6 @@ fn guardrail(name: &str, origin: &str, extra: Value) -> Plugin {
         .timeout_ms(5000)
         .endpoints(&["/v1/chat/completions"])
         .egress(json!({"destinations": [{"url": origin}]}))
-}
-
-/// A gateway serving each plugin on a route of its own name, from an echo.
-async fn serve(plugins: &[Plugin]) -> (Echo, ConfigDir, Gateway) {
-    let echo = Echo::start().await;
-    let mut docs: Vec<String> = plugins.iter().map(Plugin::yaml).collect();
-    for plugin in plugins {
-        docs.push(Route::new(plugin.name(), &[plugin.name()], &echo.url()).plugins(&[plugin.name()]).yaml());
-    }
-    let dir = ConfigDir::new();
-    dir.write("config.yaml", &documents(&docs));
-    let gateway = Gateway::start(&dir).await;
-    let admin = gateway.admin_config().await;
-    assert_eq!(admin["errors"], json!([]), "{admin}");
-    (echo, dir, gateway)
 }
 
 async fn ask(gateway: &Gateway, model: &str, prompt: &str) -> Reply {

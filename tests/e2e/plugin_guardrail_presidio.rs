@@ -4,8 +4,9 @@
 //! What the plugin masks or blocks is what Presidio itself finds, at
 //! Presidio's own offsets (Python characters) and scores.
 
+use crate::plugin_support::serve_each as serve;
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Presidio, Reply, Route, documents};
+use sluice_tests::{Gateway, Plugin, Presidio, Reply};
 
 /// An e-mail address and a phone number, after text of 2- and 4-byte
 /// characters: Presidio counts characters, the plugin masks bytes.
@@ -27,21 +28,6 @@ fn guardrail(name: &str, presidio: &Presidio, extra: Value) -> Plugin {
         .timeout_ms(10000)
         .endpoints(&["/v1/chat/completions"])
         .egress(json!({"destinations": [{"url": presidio.origin()}]}))
-}
-
-/// A gateway serving each plugin on a route of its own name, from an echo.
-async fn serve(plugins: &[Plugin]) -> (Echo, ConfigDir, Gateway) {
-    let echo = Echo::start().await;
-    let mut docs: Vec<String> = plugins.iter().map(Plugin::yaml).collect();
-    for plugin in plugins {
-        docs.push(Route::new(plugin.name(), &[plugin.name()], &echo.url()).plugins(&[plugin.name()]).yaml());
-    }
-    let dir = ConfigDir::new();
-    dir.write("config.yaml", &documents(&docs));
-    let gateway = Gateway::start(&dir).await;
-    let admin = gateway.admin_config().await;
-    assert_eq!(admin["errors"], json!([]), "{admin}");
-    (echo, dir, gateway)
 }
 
 async fn ask(gateway: &Gateway, model: &str, messages: Value) -> Reply {

@@ -17,6 +17,22 @@ pub async fn serve(plugins: &[Plugin], models: &[&str]) -> (Echo, ConfigDir, Gat
     (echo, dir, gateway)
 }
 
+/// A gateway serving each plugin on a route of its own name (the route's
+/// one model), from an echo; every plugin loads.
+pub async fn serve_each(plugins: &[Plugin]) -> (Echo, ConfigDir, Gateway) {
+    let echo = Echo::start().await;
+    let mut docs: Vec<String> = plugins.iter().map(Plugin::yaml).collect();
+    for plugin in plugins {
+        docs.push(Route::new(plugin.name(), &[plugin.name()], &echo.url()).plugins(&[plugin.name()]).yaml());
+    }
+    let dir = ConfigDir::new();
+    dir.write("config.yaml", &documents(&docs));
+    let gateway = Gateway::start(&dir).await;
+    let admin = gateway.admin_config().await;
+    assert_eq!(admin["errors"], json!([]), "{admin}");
+    (echo, dir, gateway)
+}
+
 /// A chat request body for `model` with `messages`.
 pub fn chat(model: &str, messages: Value) -> String {
     json!({"model": model, "messages": messages}).to_string()

@@ -238,6 +238,33 @@ pub enum Pem {
     Value(Secret),
 }
 
+impl Pem {
+    /// The largest PEM file read.
+    pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+    /// Its bytes: the Secret's value, or the file's, refused past
+    /// [`Pem::MAX_FILE_BYTES`]. `what` names it in errors (`tls CA bundle`).
+    pub fn read(&self, what: &str) -> Result<Vec<u8>, String> {
+        match self {
+            Pem::Value(secret) => Ok(secret.expose().as_bytes().to_vec()),
+            Pem::File(path) => {
+                use std::io::Read;
+                let read = |e: std::io::Error| format!("reading the {what} {}: {e}", path.display());
+                let mut bytes = Vec::new();
+                std::fs::File::open(path)
+                    .map_err(read)?
+                    .take(Self::MAX_FILE_BYTES + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(read)?;
+                if bytes.len() as u64 > Self::MAX_FILE_BYTES {
+                    return Err(format!("the {what} {} is larger than {} bytes", path.display(), Self::MAX_FILE_BYTES));
+                }
+                Ok(bytes)
+            }
+        }
+    }
+}
+
 /// How the gateway verifies a backend and identifies itself to it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendTls {

@@ -21,15 +21,12 @@ use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use sluice_core::{BackendPolicy, BackendTimeouts, BackendTls, Pem};
+use sluice_core::{BackendPolicy, BackendTimeouts, BackendTls};
 use tower_service::Service;
 
 #[derive(Debug, thiserror::Error)]
 #[error("building the upstream TLS client: {0}")]
 pub struct ClientError(#[from] rustls::Error);
-
-/// The largest PEM file read for a backend's TLS settings.
-const MAX_PEM_BYTES: u64 = 1 << 20;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -61,7 +58,7 @@ impl UpstreamClient {
         let roots = match &tls.ca {
             None => webpki_roots(),
             Some(pem) => {
-                let bytes = read_pem(pem, "tls CA bundle")?;
+                let bytes = pem.read("tls CA bundle")?;
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in CertificateDer::pem_slice_iter(&bytes) {
                     let cert = cert.map_err(|e| format!("the tls CA bundle: {e}"))?;
@@ -76,13 +73,13 @@ impl UpstreamClient {
         let config = builder().map_err(|e| e.to_string())?.with_root_certificates(roots);
         let config = match (&tls.client_cert, &tls.client_key) {
             (Some(cert), Some(key)) => {
-                let chain = CertificateDer::pem_slice_iter(&read_pem(cert, "tls client certificate")?)
+                let chain = CertificateDer::pem_slice_iter(&cert.read("tls client certificate")?)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| format!("the tls client certificate: {e}"))?;
                 if chain.is_empty() {
                     return Err("the tls client certificate file holds no certificate".into());
                 }
-                let key = PrivateKeyDer::from_pem_slice(&read_pem(key, "tls client key")?)
+                let key = PrivateKeyDer::from_pem_slice(&key.read("tls client key")?)
                     .map_err(|e| format!("the tls client key: {e}"))?;
                 config.with_client_auth_cert(chain, key).map_err(|e| format!("the tls client certificate: {e}"))?
             }
@@ -224,24 +221,6 @@ fn builder() -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::Wants
 
 fn webpki_roots() -> rustls::RootCertStore {
     rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() }
-}
-
-fn read_pem(pem: &Pem, what: &str) -> Result<Vec<u8>, String> {
-    match pem {
-        Pem::Value(secret) => Ok(secret.expose().as_bytes().to_vec()),
-        Pem::File(path) => {
-            use std::io::Read;
-            let file = std::fs::File::open(path).map_err(|e| format!("reading the {what} {}: {e}", path.display()))?;
-            let mut bytes = Vec::new();
-            file.take(MAX_PEM_BYTES + 1)
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("reading the {what} {}: {e}", path.display()))?;
-            if bytes.len() as u64 > MAX_PEM_BYTES {
-                return Err(format!("the {what} {} is larger than {MAX_PEM_BYTES} bytes", path.display()));
-            }
-            Ok(bytes)
-        }
-    }
 }
 
 #[cfg(test)]

@@ -447,7 +447,7 @@ fn refused_by_name(policy: &BackendPolicy, ip: IpAddr) -> Option<String> {
 fn tls_config(ca: Option<&Pem>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     if let Some(pem) = ca {
-        let bytes = read_pem(pem)?;
+        let bytes = pem.read("CA bundle")?;
         let mut added = 0;
         for cert in CertificateDer::pem_slice_iter(&bytes) {
             let cert = cert.map_err(|e| format!("its CA bundle: {e}"))?;
@@ -462,26 +462,4 @@ fn tls_config(ca: Option<&Pem>) -> Result<rustls::ClientConfig, String> {
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     Ok(builder.with_root_certificates(roots).with_no_client_auth())
-}
-
-/// The largest CA bundle read.
-const MAX_PEM_BYTES: u64 = 1 << 20;
-
-fn read_pem(pem: &Pem) -> Result<Vec<u8>, String> {
-    match pem {
-        Pem::Value(secret) => Ok(secret.expose().as_bytes().to_vec()),
-        Pem::File(path) => {
-            use std::io::Read;
-            let file =
-                std::fs::File::open(path).map_err(|e| format!("reading its CA bundle {}: {e}", path.display()))?;
-            let mut bytes = Vec::new();
-            file.take(MAX_PEM_BYTES + 1)
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("reading its CA bundle {}: {e}", path.display()))?;
-            if bytes.len() as u64 > MAX_PEM_BYTES {
-                return Err(format!("its CA bundle {} is larger than {MAX_PEM_BYTES} bytes", path.display()));
-            }
-            Ok(bytes)
-        }
-    }
 }
