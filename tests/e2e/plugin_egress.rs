@@ -71,6 +71,13 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Body>, Infallible
     let path = request.uri().path().to_string();
     let query = request.uri().query().unwrap_or_default().to_string();
     let method = request.method().to_string();
+    // How the body was framed: a declared length, which every server reads,
+    // or chunks, which some (Python's http.server) leave on the connection.
+    let framing = match (request.headers().get("content-length"), request.headers().get("transfer-encoding")) {
+        (Some(_), _) => "length",
+        (None, Some(_)) => "chunked",
+        (None, None) => "none",
+    };
     let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let full = |status: u16, body: Bytes| {
         Response::builder().status(status).body(Full::new(body).map_err(|e| match e {}).boxed()).unwrap()
@@ -78,7 +85,7 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Body>, Infallible
     Ok(match path.as_str() {
         "/ok" => {
             let mut response = full(200, Bytes::from(format!(r#"{{"hello":"world","got":{}}}"#, body.len())));
-            response.headers_mut().insert("x-seen", format!("{method} {}", body.len()).parse().unwrap());
+            response.headers_mut().insert("x-seen", format!("{method} {} {framing}", body.len()).parse().unwrap());
             response
         }
         "/redirect" => {
@@ -178,10 +185,10 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
     let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &ok_url)]).await);
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], 200, "{body}");
-    assert_eq!(body["header_x_seen"], "GET 0", "{body}");
+    assert_eq!(body["header_x_seen"], "GET 0 none", "{body}");
     assert!(body["body"].as_str().unwrap().contains("world"), "{body}");
     let post = [("x-call", ok_url.as_str()), ("x-call-method", "POST"), ("x-call-body", "12345")];
-    assert_eq!(outcome(&call(&gateway, "caller", &post).await).1["header_x_seen"], "POST 5");
+    assert_eq!(outcome(&call(&gateway, "caller", &post).await).1["header_x_seen"], "POST 5 length");
 
     // Another port of the same host is not granted; nothing reaches it.
     let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &other.url("/ok"))]).await);

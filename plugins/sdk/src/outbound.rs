@@ -229,6 +229,15 @@ mod imp {
                 Error::Refused(format!("header `{name}` {why}"))
             })?;
         }
+        // The body's length, as a server that does not read chunked
+        // requests (Python's http.server) needs: without it, the host sends
+        // the body chunked, and such a server leaves it on the connection,
+        // which then cannot carry the next request.
+        let declared = request.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-length"));
+        if !request.body.is_empty() && !declared {
+            let length = request.body.len().to_string();
+            headers.append("content-length", length.as_bytes()).map_err(|_| Error::Failed("content-length".into()))?;
+        }
         let outgoing = OutgoingRequest::new(headers);
         let invalid = |what: &str| Error::Refused(format!("{what} is not valid"));
         outgoing.set_method(&method(&request.method)).map_err(|()| invalid("the method"))?;
