@@ -384,3 +384,40 @@ async fn https_is_verified_against_the_destinations_ca() {
     assert!(body["message"].as_str().unwrap().contains("Tls"), "{body}");
     assert_eq!(origin.seen(), before, "a request went through an unverified connection");
 }
+
+/// A plugin's own metrics reach a real OpenTelemetry Collector over OTLP,
+/// as the gateway's do: under the plugin's namespace and name.
+#[tokio::test]
+async fn a_plugins_own_metrics_reach_a_collector_over_otlp() {
+    let echo = Echo::start().await;
+    let origin = Origin::start().await;
+    let collector = sluice_tests::Collector::start().await;
+    let dir = ConfigDir::new();
+    let grant = json!({"destinations": [destination(&format!("http://{}", origin.addr))]});
+    dir.write("plugins.yaml", &Plugin::new("caller", "caller").timeout_ms(5000).egress(grant).yaml());
+    dir.write("routes.yaml", &Route::new("caller", &["caller"], &echo.url()).plugins(&["caller"]).yaml());
+    let args = ["--otlp-endpoint", &collector.endpoint_grpc(), "--otlp-protocol", "grpc"];
+    let args = args.into_iter().chain(["--otlp-metrics-interval-seconds", "1"]).map(String::from).collect();
+    let gateway = Gateway::start_with(&dir, sluice_tests::Options { args, ..Default::default() }).await;
+
+    for _ in 0..2 {
+        let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &origin.url("/ok"))]).await);
+        assert_eq!((status, &body["status"]), (200, &json!(200)), "{body}");
+    }
+    let attributes = [("namespace", "default"), ("plugin", "caller"), ("result", "ok")];
+    let points = collector
+        .wait_for_metrics(
+            |points| {
+                points.iter().rev().find(|p| p.is("sluice_plugin_calls", &attributes)).and_then(|p| p.value)
+                    == Some(2.0)
+            },
+            Duration::from_secs(30),
+        )
+        .await;
+    let calls = points.iter().rev().find(|p| p.is("sluice_plugin_calls", &attributes)).unwrap();
+    assert_eq!((calls.kind.as_str(), calls.monotonic), ("sum", true), "{calls:?}");
+    // The histogram too: `call_seconds`, named as the OTLP export names
+    // every histogram with a unit, the unit left to the unit field.
+    let names: std::collections::BTreeSet<&str> = points.iter().map(|p| p.name.as_str()).collect();
+    assert!(names.contains("sluice_plugin_call"), "{names:?}");
+}
