@@ -312,12 +312,9 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
     assert_eq!(after, before + 3.0, "{metrics}");
 }
 
-/// With tracing on, a plugin's outbound call is a client span of the
-/// request's trace (named by plugin and granted origin, never the path),
-/// and the destination gets a `traceparent` naming that span, whatever the
-/// plugin set.
-#[tokio::test]
-async fn an_outbound_call_is_a_span_of_the_request() {
+/// The caller plugin granted an origin, on a gateway exporting its traces
+/// and metrics (every second) to a real OpenTelemetry Collector.
+async fn caller_exporting_to_a_collector() -> (Origin, sluice_tests::Collector, Echo, ConfigDir, Gateway) {
     let echo = Echo::start().await;
     let origin = Origin::start().await;
     let collector = sluice_tests::Collector::start().await;
@@ -325,8 +322,20 @@ async fn an_outbound_call_is_a_span_of_the_request() {
     let grant = json!({"destinations": [destination(&format!("http://{}", origin.addr))]});
     dir.write("plugins.yaml", &Plugin::new("caller", "caller").timeout_ms(5000).egress(grant).yaml());
     dir.write("routes.yaml", &Route::new("caller", &["caller"], &echo.url()).plugins(&["caller"]).yaml());
-    let args = ["--otlp-endpoint", &collector.endpoint_grpc(), "--otlp-protocol", "grpc"].map(String::from).to_vec();
-    let gateway = Gateway::start_with(&dir, sluice_tests::Options { args, ..Default::default() }).await;
+    let endpoint = collector.endpoint_grpc();
+    let args = ["--otlp-endpoint", &endpoint, "--otlp-protocol", "grpc", "--otlp-metrics-interval-seconds", "1"];
+    let options = sluice_tests::Options { args: args.map(String::from).to_vec(), ..Default::default() };
+    let gateway = Gateway::start_with(&dir, options).await;
+    (origin, collector, echo, dir, gateway)
+}
+
+/// With tracing on, a plugin's outbound call is a client span of the
+/// request's trace (named by plugin and granted origin, never the path),
+/// and the destination gets a `traceparent` naming that span, whatever the
+/// plugin set.
+#[tokio::test]
+async fn an_outbound_call_is_a_span_of_the_request() {
+    let (origin, collector, _echo, _dir, gateway) = caller_exporting_to_a_collector().await;
 
     let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
     let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
@@ -389,16 +398,7 @@ async fn https_is_verified_against_the_destinations_ca() {
 /// as the gateway's do: under the plugin's namespace and name.
 #[tokio::test]
 async fn a_plugins_own_metrics_reach_a_collector_over_otlp() {
-    let echo = Echo::start().await;
-    let origin = Origin::start().await;
-    let collector = sluice_tests::Collector::start().await;
-    let dir = ConfigDir::new();
-    let grant = json!({"destinations": [destination(&format!("http://{}", origin.addr))]});
-    dir.write("plugins.yaml", &Plugin::new("caller", "caller").timeout_ms(5000).egress(grant).yaml());
-    dir.write("routes.yaml", &Route::new("caller", &["caller"], &echo.url()).plugins(&["caller"]).yaml());
-    let args = ["--otlp-endpoint", &collector.endpoint_grpc(), "--otlp-protocol", "grpc"];
-    let args = args.into_iter().chain(["--otlp-metrics-interval-seconds", "1"]).map(String::from).collect();
-    let gateway = Gateway::start_with(&dir, sluice_tests::Options { args, ..Default::default() }).await;
+    let (origin, collector, _echo, _dir, gateway) = caller_exporting_to_a_collector().await;
 
     for _ in 0..2 {
         let (status, body) = outcome(&call(&gateway, "caller", &[("x-call", &origin.url("/ok"))]).await);
