@@ -105,8 +105,18 @@ pub(crate) async fn walk(
                     continue;
                 }
                 _ => {
-                    settle_all(settlements, StatusCode::INTERNAL_SERVER_ERROR.as_u16(), None);
-                    return Err(ApiError::internal("a plugin routed the request past the hops a request may take"));
+                    // Past the hops a request may take (or, checked a moment
+                    // ago, a model the snapshot no longer routes): every
+                    // chain's reservations count the request alone.
+                    let status = StatusCode::INTERNAL_SERVER_ERROR.as_u16();
+                    if let Some(Filtered::Forward(_, _, earlier)) = routed_from.take() {
+                        settle_all(earlier, status, None);
+                    }
+                    settle_all(settlements, status, None);
+                    return Err(ApiError::internal(format!(
+                        "a plugin routed the request to `{model}` past the {} hops a request may take",
+                        Fallback::MAX_HOPS
+                    )));
                 }
             }
         }
