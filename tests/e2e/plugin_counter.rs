@@ -7,8 +7,9 @@
 
 use std::time::Duration;
 
+use crate::plugin_support::served;
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Route, documents, eventually, plugin_wasm};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Reply, Route, documents, plugin_wasm};
 
 /// How long compiling the component may take on a busy 2-core machine.
 const COMPILE: Duration = Duration::from_secs(240);
@@ -37,17 +38,6 @@ async fn chat(gateway: &Gateway, model: &str, key: Option<&str>) -> Reply {
     let bearer = key.map(|key| format!("Bearer {key}"));
     let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("authorization", b.as_str())).collect();
     gateway.post("/v1/chat/completions", body.to_string(), &headers).await
-}
-
-/// Waits until the gateway serves exactly `routes` (sorted).
-async fn served(gateway: &Gateway, routes: &[&str], within: Duration) -> Value {
-    eventually(&format!("routes {routes:?} to be served"), within, async || {
-        let admin = gateway.admin_config().await;
-        let mut names: Vec<&str> = admin["routes"].as_array()?.iter().filter_map(|r| r["name"].as_str()).collect();
-        names.sort();
-        (names == routes).then_some(admin.clone())
-    })
-    .await
 }
 
 #[tokio::test]

@@ -169,15 +169,12 @@ async fn a_plugin_reaches_only_what_its_grant_lists() {
     .await;
 
     // Without a grant, the component is refused at load, saying why.
-    let errors = admin["errors"].as_array().unwrap_or_else(|| panic!("no errors list: {admin}"));
-    let refused = errors
-        .iter()
-        .find(|e| e["resource"] == "GatewayPlugin default/ungranted")
-        .unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}"))
-        .to_string();
+    let refused = crate::plugin_support::errors_about(&admin, "GatewayPlugin default/ungranted");
+    let refused = refused.first().unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}")).to_string();
     assert!(refused.contains("wasi:http/outgoing-handler") && refused.contains("spec.egress"), "{refused}");
     // A plugin declares its metrics once, from configure.
-    let twice = errors.iter().find(|e| e["resource"] == "GatewayPlugin default/declares-twice").map(Value::to_string);
+    let twice = crate::plugin_support::errors_about(&admin, "GatewayPlugin default/declares-twice");
+    let twice = twice.first().map(|e| e.to_string());
     assert!(twice.as_deref().is_some_and(|e| e.contains("metrics are declared once")), "{admin}");
 
     // The granted origin answers.

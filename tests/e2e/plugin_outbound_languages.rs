@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::plugin_support::served;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -96,17 +97,6 @@ async fn chat(gateway: &Gateway, model: &str) -> Reply {
 fn checked(reply: &Reply) -> String {
     let echoed = reply.echoed();
     echoed["headers"]["x-checked"].as_str().unwrap_or_else(|| panic!("no x-checked header: {echoed}")).to_string()
-}
-
-/// Waits until the gateway serves exactly `routes` (sorted).
-async fn served(gateway: &Gateway, routes: &[&str], within: Duration) -> Value {
-    eventually(&format!("routes {routes:?} to be served"), within, async || {
-        let admin = gateway.admin_config().await;
-        let mut names: Vec<&str> = admin["routes"].as_array()?.iter().filter_map(|r| r["name"].as_str()).collect();
-        names.sort();
-        (names == routes).then_some(admin.clone())
-    })
-    .await
 }
 
 /// A metric's value from the gateway's /metrics, if it has it.
@@ -221,12 +211,8 @@ async fn javascript_fetch_reaches_only_its_grant() {
     assert_eq!(echo.script().requests(), upstream_before);
 
     // Without `spec.egress`, the component is refused at load, saying why.
-    let errors = admin["errors"].as_array().unwrap_or_else(|| panic!("no errors list: {admin}"));
-    let refused = errors
-        .iter()
-        .find(|e| e["resource"] == "GatewayPlugin default/ungranted")
-        .unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}"))
-        .to_string();
+    let refused = crate::plugin_support::errors_about(&admin, "GatewayPlugin default/ungranted");
+    let refused = refused.first().unwrap_or_else(|| panic!("no error about the ungranted plugin: {admin}")).to_string();
     assert!(refused.contains("wasi:http/outgoing-handler") && refused.contains("spec.egress"), "{refused}");
     chat(&gateway, "ungranted").await.assert_error(404, "model_not_found");
 

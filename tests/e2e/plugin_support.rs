@@ -1,7 +1,9 @@
 //! Helpers shared by the first-party plugin tests (plugin_*.rs).
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
-use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents};
+use sluice_tests::{ConfigDir, Echo, Gateway, Plugin, Route, documents, eventually};
 
 /// A gateway serving `models` through `plugins`, in that order, from a
 /// fresh echo upstream. Keep the returned values alive for the test.
@@ -31,6 +33,17 @@ pub async fn serve_each(plugins: &[Plugin]) -> (Echo, ConfigDir, Gateway) {
     let admin = gateway.admin_config().await;
     assert_eq!(admin["errors"], json!([]), "{admin}");
     (echo, dir, gateway)
+}
+
+/// Waits until the gateway serves exactly `routes` (sorted).
+pub async fn served(gateway: &Gateway, routes: &[&str], within: Duration) -> Value {
+    eventually(&format!("routes {routes:?} to be served"), within, async || {
+        let admin = gateway.admin_config().await;
+        let mut names: Vec<&str> = admin["routes"].as_array()?.iter().filter_map(|r| r["name"].as_str()).collect();
+        names.sort();
+        (names == routes).then_some(admin.clone())
+    })
+    .await
 }
 
 /// A chat request body for `model` with `messages`.
