@@ -9,6 +9,7 @@ pub use documents::{Document, DocumentError, parse_documents};
 pub use plugin::{
     ConfigFromSpec, EgressDestinationSpec, EgressSpec, FailurePolicySpec, GatewayPlugin, GatewayPluginSpec,
     GatewayPluginStatus, IsolationSpec, PhaseSpec, PluginSourceSpec, PullPolicySpec, StateSpec, ValueFormat,
+    VerifyKeySpec, VerifySpec,
 };
 pub use route::{
     AIModelRoute, AIModelRouteSpec, AIModelRouteStatus, BackendSpec, BackendTimeoutsSpec, BackendTlsSpec, BackoffSpec,

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sluice_core::{
     EgressDestination, EgressGrant, FailurePolicy, Isolation, Pem, Phase, PluginDecl, PluginSource, PullPolicy,
-    ResourceKey, StateGrant,
+    ResourceKey, Secret, StateGrant, VerifyKeys,
 };
 
 use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
@@ -32,6 +32,8 @@ use crate::{LocalObjectReference, ReplicaStatus, SecretKeySelector};
 #[x_kube(validation = Rule::new(
     "!(has(self.phase) && self.phase == 'Auth' && has(self.failurePolicy) && self.failurePolicy == 'Open')"
 ).message("an Auth plugin must fail closed: failurePolicy: Open would let requests through unauthenticated when it fails"))]
+#[x_kube(validation = Rule::new("!has(self.verify) || has(self.source.oci)")
+    .message("verify applies to oci sources only: a file is trusted as the gateway's own"))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayPluginSpec {
     /// Where the Wasm component comes from.
@@ -110,6 +112,49 @@ pub struct GatewayPluginSpec {
     /// grant is refused at load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressSpec>,
+    /// Requires a cosign signature (key-based, as `cosign sign --key` or
+    /// `sluice push --sign` writes it) on the manifest `source.oci`
+    /// resolves to, verified under one of `keys` before the module is
+    /// loaded. A module without one, or whose signatures verify under no
+    /// listed key or name another digest, is not loaded (`SignatureMissing`,
+    /// `SignatureInvalid`), and the last good version keeps serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifySpec>,
+}
+
+/// How a plugin's signature is verified.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerifySpec {
+    /// Cosign public keys (ECDSA P-256, `cosign.pub`); a signature under
+    /// any one of them is enough.
+    #[schemars(length(min = 1, max = 16))]
+    pub keys: Vec<VerifyKeySpec>,
+}
+
+/// One public key: exactly one of `pem`, `file` and `secretRef`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("(has(self.pem) ? 1 : 0) + (has(self.file) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) == 1")
+    .message("set exactly one of pem, file and secretRef"))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerifyKeySpec {
+    /// The PEM public key itself (`-----BEGIN PUBLIC KEY-----`, the
+    /// contents of `cosign.pub`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub pem: Option<String>,
+    /// A PEM file holding the key. In standalone mode a relative path
+    /// resolves against the directory of the YAML file that declares it. In
+    /// Kubernetes it is a file on a volume mounted into the gateway, by
+    /// absolute path, and only in a directory the gateway's operator allows
+    /// (`--allow-host-files-under`); otherwise use `pem` or `secretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// A key of a Secret in the plugin's namespace holding the PEM key
+    /// (Kubernetes mode). A change to the Secret reaches the gateway without
+    /// a change to this resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeySelector>,
 }
 
 /// Where a plugin may call, and its caps; each cap is at most the
@@ -317,6 +362,27 @@ fn egress_grant(spec: &EgressSpec, base_dir: &std::path::Path) -> Result<EgressG
     })
 }
 
+/// The keys `spec.verify` lists; a `secretRef` is left for the Kubernetes
+/// controller to fill in, as a value that is no key, so a key left
+/// unresolved fails verification rather than being skipped.
+fn verify_keys(spec: &VerifySpec, base_dir: &std::path::Path) -> Result<VerifyKeys, String> {
+    if spec.keys.is_empty() || spec.keys.len() > 16 {
+        return Err("spec.verify.keys needs 1 to 16 keys".into());
+    }
+    let keys = spec
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| match (&key.pem, &key.file, &key.secret_ref) {
+            (Some(pem), None, None) => Ok(Pem::Value(Secret::new(pem.clone()))),
+            (None, Some(file), None) if !file.is_empty() => Ok(Pem::File(base_dir.join(file))),
+            (None, None, Some(_)) => Ok(Pem::Value(Secret::new(String::new()))),
+            _ => Err(format!("spec.verify.keys[{i}]: set exactly one of pem, file and secretRef")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(VerifyKeys { keys })
+}
+
 fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "description": "Plugin configuration, handed to the plugin's `configure` as JSON.",
@@ -332,6 +398,12 @@ impl GatewayPlugin {
         config
             .chain(self.spec.source.pull_secret_ref.iter().map(|r| r.name.as_str()))
             .chain(egress.filter_map(|d| d.ca_secret_ref.as_ref()).map(|r| r.name.as_str()))
+            .chain(self.verify_secret_refs().map(|r| r.name.as_str()))
+    }
+
+    /// The Secret keys `spec.verify` names.
+    pub fn verify_secret_refs(&self) -> impl Iterator<Item = &SecretKeySelector> {
+        self.spec.verify.iter().flat_map(|v| &v.keys).filter_map(|k| k.secret_ref.as_ref())
     }
 
     pub fn key(&self) -> ResourceKey {
@@ -357,10 +429,14 @@ impl GatewayPlugin {
                 },
                 // Resolved by the Kubernetes controller, which has the Secrets.
                 credentials: None,
+                verify: spec.verify.as_ref().map(|verify| verify_keys(verify, base_dir)).transpose()?,
             },
             (None, Some(file)) if !file.is_empty() => {
                 if spec.source.pull_policy.is_some() || spec.source.pull_secret_ref.is_some() {
                     return Err("spec.source.pullPolicy and pullSecretRef apply to `oci` sources only".into());
+                }
+                if spec.verify.is_some() {
+                    return Err("spec.verify applies to `oci` sources only".into());
                 }
                 let path = PathBuf::from(file);
                 PluginSource::File(if path.is_absolute() { path } else { base_dir.join(path) })

@@ -86,6 +86,11 @@ fn resolve_plugin(
             host_file(tenancy, "egress caFile", file)?;
         }
     }
+    for key in plugin.spec.verify.iter().flat_map(|v| &v.keys) {
+        if let Some(file) = &key.file {
+            host_file(tenancy, "verify key file", file)?;
+        }
+    }
     let mut decl = plugin.decl(Path::new("/")).map_err(Problem::invalid)?;
     let namespace = decl.key.namespace.clone();
     for from in &plugin.spec.config_from {
@@ -130,6 +135,14 @@ fn resolve_plugin(
                     )
                 })?;
             destination.ca = Some(sluice_core::Pem::Value(sluice_core::Secret::new(ca)));
+        }
+    }
+    // Each secretRef key replaces its placeholder, in order; one that cannot
+    // be read fails the plugin here, never drops a key.
+    if let (PluginSource::Oci { verify: Some(keys), .. }, Some(spec)) = (&mut decl.source, &plugin.spec.verify) {
+        for (key, spec) in keys.keys.iter_mut().zip(&spec.keys) {
+            let Some(selector) = &spec.secret_ref else { continue };
+            *key = Pem::Value(sluice_core::Secret::new(secret_text(secrets, &namespace, selector)?));
         }
     }
     // Without a pull Secret of its own, a plugin pulls with the operator's

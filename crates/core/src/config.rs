@@ -71,7 +71,35 @@ pub enum PluginSource {
         /// instead of the gateway's own.
         #[serde(skip)]
         credentials: Option<RegistryCredentials>,
+        /// Cosign public keys, any of which must have signed the manifest
+        /// the reference resolves to; `None`: no signature is required.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        verify: Option<VerifyKeys>,
     },
+}
+
+/// The cosign public keys (PEM) a plugin's signature must verify under, any
+/// of them: files of the gateway's, inline values, or Secrets' values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyKeys {
+    pub keys: Vec<crate::Pem>,
+}
+
+impl VerifyKeys {
+    /// Each key's PEM text, in order.
+    pub fn read(&self) -> Result<Vec<Vec<u8>>, String> {
+        self.keys.iter().enumerate().map(|(i, key)| key.read(&format!("verify key {}", i + 1))).collect()
+    }
+}
+
+/// Shown (`/admin/config`) as how many keys, never their text.
+impl Serialize for VerifyKeys {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut out = serializer.serialize_struct("VerifyKeys", 1)?;
+        out.serialize_field("keys", &self.keys.len())?;
+        out.end()
+    }
 }
 
 /// Registry credentials given with a plugin, from a Kubernetes Secret.

@@ -16,7 +16,7 @@ pub use backends::{BackendPolicy, Cidr};
 pub use config::{
     ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, EgressDestination, EgressGrant, FailurePolicy, Isolation,
     ModelConflict, Phase, PluginDecl, PluginSource, PullPolicy, RegistryCredentials, ResourceError, ResourceKey,
-    RouteDecl, Secret, StateGrant,
+    RouteDecl, Secret, StateGrant, VerifyKeys,
 };
 pub use error::{ApiError, ErrorType};
 pub use redact::Redactions;

@@ -31,6 +31,12 @@ pub const NO_REPLICAS: &str = "NoReplicas";
 pub const LOAD_FAILED: &str = "LoadFailed";
 pub const PULL_FAILED: &str = "PullFailed";
 pub const DIGEST_MISMATCH: &str = "DigestMismatch";
+/// The plugin must be signed (`spec.verify`) and its manifest has no cosign
+/// signature.
+pub const SIGNATURE_MISSING: &str = "SignatureMissing";
+/// The plugin must be signed and no signature verifies its manifest digest
+/// under the listed keys (another key, another digest, unreadable).
+pub const SIGNATURE_INVALID: &str = "SignatureInvalid";
 pub const INVALID_REFERENCE: &str = "InvalidReference";
 pub const CHAIN_NOT_READY: &str = "ChainNotReady";
 

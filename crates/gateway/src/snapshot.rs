@@ -10,9 +10,10 @@ use serde::Serialize;
 use sluice_core::config::Endpoints;
 use sluice_core::{
     ApiError, ApiKeySource, BackendPolicy, BackendTimeouts, Condition, DesiredConfig, FailurePolicy, LoadState, Phase,
-    PluginDecl, PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, reason,
+    PluginDecl, PluginSource, Provider, Redactions, RegistryCredentials, ResourceError, ResourceKey, RouteDecl,
+    VerifyKeys, reason,
 };
-use sluice_oci::{PullCredentials, PullPolicy, Reference, Registry};
+use sluice_oci::{PublicKeys, PullCredentials, PullPolicy, Reference, Registry};
 use sluice_runtime::{ConfiguredPlugin, Hooks, Limits, PluginError, PluginInstance, Runtime};
 use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
@@ -357,8 +358,8 @@ async fn load_plugin(
         PluginSource::File(path) => tokio::fs::read(path)
             .await
             .map_err(|e| LoadFailure::permanent(format!("reading {}: {e}", path.display())))?,
-        PluginSource::Oci { reference, pull_policy, credentials } => {
-            pull(registry, reference, *pull_policy, credentials.as_ref(), decl).await?
+        PluginSource::Oci { reference, pull_policy, credentials, verify } => {
+            pull(registry, reference, *pull_policy, credentials.as_ref(), verify.as_ref(), decl).await?
         }
     };
     let digest = sluice_runtime::digest_of(&bytes);
@@ -429,9 +430,23 @@ async fn pull(
     reference: &str,
     policy: PullPolicy,
     credentials: Option<&RegistryCredentials>,
+    verify: Option<&VerifyKeys>,
     decl: &PluginDecl,
 ) -> Result<Vec<u8>, LoadFailure> {
     let registry = registry.ok_or_else(|| LoadFailure::permanent("OCI sources need a registry client"))?;
+    // The keys are read on every load, so a changed key file or Secret
+    // applies to the cached module as much as to a new one.
+    let keys = match verify {
+        None => None,
+        Some(verify) => {
+            let pems =
+                verify.read().map_err(|e| LoadFailure { reason: reason::INVALID, ..LoadFailure::permanent(e) })?;
+            Some(PublicKeys::from_pems(&pems).map_err(|e| LoadFailure {
+                reason: reason::INVALID,
+                ..LoadFailure::permanent(format!("spec.verify: {e}"))
+            })?)
+        }
+    };
     let parsed: Reference = reference.parse().map_err(|e: sluice_oci::OciError| LoadFailure {
         reason: reason::INVALID_REFERENCE,
         ..LoadFailure::permanent(e.to_string())
@@ -443,7 +458,8 @@ async fn pull(
         RegistryCredentials::DockerConfigJson(json) => PullCredentials::DockerConfigJson(json.expose().to_string()),
         RegistryCredentials::Anonymous => PullCredentials::Anonymous,
     });
-    let pulled = registry.pull_as(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref()).await;
+    let pulled =
+        registry.pull_verified(&parsed, policy, decl.sha256.as_deref(), credentials.as_ref(), keys.as_ref()).await;
     let result = match &pulled {
         Ok(pulled) => match pulled.origin {
             sluice_oci::Origin::Registry => "pulled",
@@ -451,6 +467,9 @@ async fn pull(
             sluice_oci::Origin::StaleCache => "stale_cache",
         },
         Err(sluice_oci::OciError::DigestMismatch { .. }) => "digest_mismatch",
+        Err(sluice_oci::OciError::SignatureMissing { .. } | sluice_oci::OciError::SignatureInvalid { .. }) => {
+            "signature_refused"
+        }
         Err(_) => "failed",
     };
     sluice_telemetry::metrics().oci_pulls.get_or_create(&ResultLabels { result }).inc();
@@ -461,10 +480,11 @@ async fn pull(
         }
         Err(error) => Err(LoadFailure {
             transient: error.is_transient(),
-            reason: if matches!(error, sluice_oci::OciError::DigestMismatch { .. }) {
-                reason::DIGEST_MISMATCH
-            } else {
-                reason::PULL_FAILED
+            reason: match error {
+                sluice_oci::OciError::DigestMismatch { .. } => reason::DIGEST_MISMATCH,
+                sluice_oci::OciError::SignatureMissing { .. } => reason::SIGNATURE_MISSING,
+                sluice_oci::OciError::SignatureInvalid { .. } => reason::SIGNATURE_INVALID,
+                _ => reason::PULL_FAILED,
             },
             message: format!("pulling {reference}: {error}"),
         }),

@@ -5,6 +5,7 @@
 //! <root>/manifests/sha256/<hex>.json    manifest digest -> module digest, layer, format
 //! <root>/refs/<sha256 of reference>.json  tag reference -> manifest digest (last seen)
 //! <root>/access/sha256/<hex>.json       who fetched a module, from which repository
+//! <root>/signatures/sha256/<hex>.json   the cosign signature a manifest was verified with
 //! <root>/tmp/                           staging for atomic writes
 //! ```
 //!
@@ -15,6 +16,11 @@
 //! only to a caller a grant covers (see `registry/pull.rs`), as kubelet
 //! serves an `IfNotPresent` image only to pods whose pull Secret fetched it
 //! or that prove access again (KEP-2535).
+//!
+//! A module whose plugin must be signed is served from here only if the
+//! signature kept next to its manifest verifies again, under the keys the
+//! plugin lists now: the record is a proof to check, never a verdict to
+//! trust (see `registry/pull.rs`).
 //!
 //! Every file is written to tmp/, fsynced, then renamed into place, so a
 //! crash leaves either the old file or the new one, never half of one; and
@@ -31,6 +37,7 @@ use crate::digest::{check_sha256, sha256_digest};
 use crate::error::OciError;
 use crate::format::Format;
 use crate::reference::Reference;
+use crate::signature::SignedPayload;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {
@@ -60,6 +67,10 @@ pub(crate) struct Grant {
 /// time, and an old one costs only a new proof of access when it falls off.
 const MAX_GRANTS: usize = 64;
 
+/// A signature record is a payload (at most 64 KiB) and a signature, in
+/// base64: anything larger was not written by this cache.
+const MAX_SIGNATURE_RECORD_BYTES: u64 = 128 * 1024;
+
 #[derive(Serialize, Deserialize)]
 struct RefRecord {
     reference: String,
@@ -68,7 +79,7 @@ struct RefRecord {
 
 impl Cache {
     pub(crate) fn open(root: &Path) -> Result<Cache, OciError> {
-        for dir in ["blobs/sha256", "manifests/sha256", "refs", "access/sha256", "tmp"] {
+        for dir in ["blobs/sha256", "manifests/sha256", "refs", "access/sha256", "signatures/sha256", "tmp"] {
             let path = root.join(dir);
             std::fs::create_dir_all(&path).map_err(|source| OciError::Cache { path, source })?;
         }
@@ -90,6 +101,11 @@ impl Cache {
     fn access_path(&self, digest: &str) -> Option<PathBuf> {
         check_sha256(digest).ok()?;
         Some(self.root.join("access/sha256").join(format!("{}.json", hex_of(digest))))
+    }
+
+    fn signature_path(&self, digest: &str) -> Option<PathBuf> {
+        check_sha256(digest).ok()?;
+        Some(self.root.join("signatures/sha256").join(format!("{}.json", hex_of(digest))))
     }
 
     fn invalid(&self, digest: &str) -> OciError {
@@ -185,6 +201,25 @@ impl Cache {
         let excess = grants.len().saturating_sub(MAX_GRANTS);
         grants.drain(..excess);
         let json = serde_json::to_vec_pretty(&grants).expect("grants serialize");
+        self.write_atomically(&path, &json)
+    }
+
+    /// The signature the manifest `digest` was last verified with; none if
+    /// missing, unreadable or oversized (the registry is then asked).
+    pub(crate) fn signature(&self, digest: &str) -> Option<SignedPayload> {
+        use std::io::Read as _;
+        let file = std::fs::File::open(self.signature_path(digest)?).ok()?;
+        let mut text = Vec::new();
+        file.take(MAX_SIGNATURE_RECORD_BYTES + 1).read_to_end(&mut text).ok()?;
+        if text.len() as u64 > MAX_SIGNATURE_RECORD_BYTES {
+            return None;
+        }
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub(crate) fn put_signature(&self, digest: &str, signature: &SignedPayload) -> Result<(), OciError> {
+        let path = self.signature_path(digest).ok_or_else(|| self.invalid(digest))?;
+        let json = serde_json::to_vec_pretty(signature).expect("a signature serializes");
         self.write_atomically(&path, &json)
     }
 

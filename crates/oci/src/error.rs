@@ -28,6 +28,14 @@ pub enum OciError {
     #[error("digest mismatch for {what}: expected {expected}, got {actual}")]
     DigestMismatch { what: String, expected: String, actual: String },
 
+    /// A plugin that must be signed has no cosign signature.
+    #[error("{what}: no cosign signature ({detail})")]
+    SignatureMissing { what: String, detail: String },
+
+    /// Its cosign signatures do not verify it under the configured keys.
+    #[error("{what}: signature refused: {reason}")]
+    SignatureInvalid { what: String, reason: String },
+
     #[error("module is {size} bytes, over the limit of {max} bytes")]
     TooLarge { size: u64, max: u64 },
 

@@ -16,6 +16,12 @@
 //! registries they are bound to, and the shared cache serves a module only
 //! to callers that fetched it or prove access to it again.
 //!
+//! [`Registry::pull_verified`] also requires a cosign signature (the
+//! classic `sha256-<hex>.sig` layout, key-based) that verifies the manifest
+//! digest under one of the given [`PublicKeys`], before the module is
+//! downloaded or served from the cache; [`Registry::sign`] writes one that
+//! `cosign verify --key` accepts (`crate::signature` says what is checked).
+//!
 //! A pin (`expected_sha256`, a plugin's `sha256`) is the sha256 of the Wasm
 //! module itself in every layout: for the CNCF and Istio layouts that is the
 //! layer's digest too; for an image tar it is the digest of `plugin.wasm`,
@@ -35,6 +41,7 @@ pub mod fuzzing;
 pub mod media_types;
 mod reference;
 mod registry;
+mod signature;
 
 pub use auth::{Credentials, PullCredentials};
 pub use component::{ComponentInfo, inspect_component};
@@ -44,5 +51,6 @@ pub use format::{Format, WasmConfig, WasmConfigComponent};
 pub use reference::Reference;
 pub use registry::{
     DEFAULT_MAX_MODULE_BYTES, Descriptor, Inspection, Origin, Progress, PullPolicy, Pulled, Pushed, Registry,
-    RegistryOptions,
+    RegistryOptions, Signed,
 };
+pub use signature::{PublicKeys, SigningKey, signature_tag};

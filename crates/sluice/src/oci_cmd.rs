@@ -1,4 +1,5 @@
-//! `sluice push`, `sluice pull` and `sluice inspect`: plugins in OCI registries.
+//! `sluice push`, `sluice pull`, `sluice inspect` and `sluice sign`:
+//! plugins in OCI registries, signed as cosign signs images.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
@@ -6,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use sluice_oci::{Credentials, Progress, PullPolicy, Reference, Registry, RegistryOptions};
+use sluice_oci::{Credentials, Progress, PublicKeys, PullPolicy, Reference, Registry, RegistryOptions, SigningKey};
 
 /// How to reach registries; shared by the OCI subcommands.
 #[derive(clap::Args)]
@@ -70,6 +71,23 @@ pub struct PushArgs {
     /// A manifest annotation, e.g. org.opencontainers.image.source=https://…; repeatable.
     #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = key_value)]
     annotations: Vec<(String, String)>,
+    /// Also sign the pushed manifest with this key, as `cosign sign --key`
+    /// does (`cosign verify --key` accepts it): cosign's own `cosign.key`
+    /// (its password from COSIGN_PASSWORD) or a PKCS#8 PEM EC P-256 key.
+    #[arg(long, value_name = "KEY")]
+    sign: Option<PathBuf>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct SignArgs {
+    /// REGISTRY/REPOSITORY:TAG (signs what it names now) or …@sha256:DIGEST.
+    reference: String,
+    /// cosign's `cosign.key` (its password from COSIGN_PASSWORD) or a PKCS#8
+    /// PEM EC P-256 key.
+    #[arg(long, value_name = "KEY")]
+    key: PathBuf,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -84,6 +102,10 @@ pub struct PullArgs {
     /// Refuse the module unless its sha256 is this.
     #[arg(long, value_name = "SHA256")]
     expected_sha256: Option<String>,
+    /// Refuse the module unless a cosign signature of its manifest verifies
+    /// under this public key (PEM, `cosign.pub`); repeatable, any of them.
+    #[arg(long = "verify-key", value_name = "PUB")]
+    verify_keys: Vec<PathBuf>,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -102,6 +124,8 @@ pub struct InspectArgs {
 pub async fn push(args: PushArgs) -> anyhow::Result<()> {
     let reference: Reference = args.reference.parse()?;
     let module = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    // Before anything is pushed: a key that cannot be read stops the push.
+    let key = args.sign.as_deref().map(signing_key).transpose()?;
     let registry = args.registry.registry()?;
     let annotations: BTreeMap<String, String> = args.annotations.into_iter().collect();
     let started = std::time::Instant::now();
@@ -114,7 +138,35 @@ pub async fn push(args: PushArgs) -> anyhow::Result<()> {
     println!("layer    {}", pushed.layer_digest);
     println!("size     {}", pushed.size);
     println!("pinned   {}/{}@{}", reference.registry(), reference.repository(), pushed.manifest_digest);
+    if let Some(key) = key {
+        let signed = registry
+            .sign(&reference.with_digest(&pushed.manifest_digest), &key)
+            .await
+            .with_context(|| format!("signing {reference}"))?;
+        println!("signature {}", signed.signature_reference);
+    }
     Ok(())
+}
+
+pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
+    let reference: Reference = args.reference.parse()?;
+    let key = signing_key(&args.key)?;
+    let signed =
+        args.registry.registry()?.sign(&reference, &key).await.with_context(|| format!("signing {reference}"))?;
+    println!("manifest  {}", signed.manifest_digest);
+    println!("signature {}", signed.signature_reference);
+    Ok(())
+}
+
+/// A signing key file, decrypted with COSIGN_PASSWORD as cosign does.
+fn signing_key(path: &std::path::Path) -> anyhow::Result<SigningKey> {
+    use std::io::Read as _;
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(64 * 1024 + 1).read_to_end(&mut pem))
+        .with_context(|| format!("reading the key {}", path.display()))?;
+    let password = std::env::var_os("COSIGN_PASSWORD").map(|p| p.into_encoded_bytes());
+    SigningKey::from_pem(&pem, password.as_deref()).map_err(|e| anyhow::anyhow!("the key {}: {e}", path.display()))
 }
 
 pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
@@ -122,9 +174,21 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
     if args.output.is_none() && std::io::stdout().is_terminal() {
         bail!("not writing a binary module to a terminal; use -o FILE");
     }
+    let keys = if args.verify_keys.is_empty() {
+        None
+    } else {
+        let pems = args
+            .verify_keys
+            .iter()
+            .map(|path| std::fs::read(path).with_context(|| format!("reading the key {}", path.display())))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Some(PublicKeys::from_pems(&pems).map_err(|e| anyhow::anyhow!("--verify-key: {e}"))?)
+    };
     let registry = args.registry.registry()?;
     // The command line wants what the tag names now, not what it named last time.
-    let pulled = registry.pull(&reference, PullPolicy::Always, args.expected_sha256.as_deref()).await?;
+    let pulled = registry
+        .pull_verified(&reference, PullPolicy::Always, args.expected_sha256.as_deref(), None, keys.as_ref())
+        .await?;
     match &args.output {
         Some(path) => std::fs::write(path, &pulled.module).with_context(|| format!("writing {}", path.display()))?,
         None => std::io::stdout().write_all(&pulled.module).context("writing the module to standard output")?,

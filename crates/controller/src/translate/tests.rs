@@ -202,6 +202,47 @@ fn an_egress_ca_comes_from_a_secret_or_an_allowed_host_file() {
     assert_eq!(super::plugin(&plain, &secrets(&[]), &tenancy()).unwrap_err().reason, reason::INVALID);
 }
 
+#[test]
+fn verify_keys_come_inline_from_secrets_or_allowed_host_files_in_order() {
+    let signed = |keys: Value| gateway_plugin(json!({"source": {"oci": "r.example/p:1"}, "verify": {"keys": keys}}));
+    let pem = "-----BEGIN PUBLIC KEY-----\nfrom the secret\n-----END PUBLIC KEY-----\n";
+    let keys_secret = secret("cosign", None, &[("cosign.pub", pem)]);
+    let plugin = signed(json!([
+        {"pem": "-----BEGIN PUBLIC KEY-----\ninline\n-----END PUBLIC KEY-----\n"},
+        {"secretRef": {"name": "cosign", "key": "cosign.pub"}}
+    ]));
+    assert!(plugin_secret_names(&plugin).contains(&"cosign".to_string()), "watched for changes");
+    let decl = super::plugin(&plugin, &secrets(std::slice::from_ref(&keys_secret)), &tenancy()).unwrap();
+    let PluginSource::Oci { verify: Some(keys), .. } = &decl.source else { panic!("{:?}", decl.source) };
+    let texts: Vec<String> = keys.read().unwrap().into_iter().map(|k| String::from_utf8(k).unwrap()).collect();
+    assert!(texts[0].contains("inline"), "{texts:?}");
+    assert_eq!(texts[1], pem, "the Secret's key fills its own place");
+
+    // A key that cannot be read fails the plugin: it is never dropped,
+    // which would leave the other keys (or none) to decide.
+    let missing = super::plugin(&plugin, &secrets(&[]), &tenancy()).unwrap_err();
+    assert_eq!((missing.condition, missing.reason), (Condition::ResolvedRefs, reason::SECRET_NOT_FOUND));
+    let no_key = super::plugin(&plugin, &secrets(&[secret("cosign", None, &[("other", pem)])]), &tenancy());
+    assert_eq!(no_key.unwrap_err().reason, reason::SECRET_KEY_NOT_FOUND);
+
+    // A key file only where the operator allows host files.
+    let by_file = signed(json!([{"file": "/keys/cosign.pub"}]));
+    assert_eq!(super::plugin(&by_file, &secrets(&[]), &tenancy()).unwrap_err().reason, reason::NOT_PERMITTED);
+    let relative = signed(json!([{"file": "cosign.pub"}]));
+    let allowed = Tenancy { host_file_dirs: vec!["/keys".into()], ..tenancy() };
+    assert_eq!(super::plugin(&relative, &secrets(&[]), &allowed).unwrap_err().reason, reason::INVALID);
+    let decl = super::plugin(&by_file, &secrets(&[]), &allowed).unwrap();
+    let PluginSource::Oci { verify: Some(keys), .. } = &decl.source else { panic!("{:?}", decl.source) };
+    assert_eq!(keys.keys, [Pem::File("/keys/cosign.pub".into())]);
+
+    // Two ways to give one key, or verify on a file source, are refused.
+    let both = signed(json!([{"pem": "x", "secretRef": {"name": "cosign", "key": "cosign.pub"}}]));
+    assert_eq!(super::plugin(&both, &secrets(&[]), &tenancy()).unwrap_err().reason, reason::INVALID);
+    let on_file = gateway_plugin(json!({"source": {"file": "/plugins/p.wasm"}, "verify": {"keys": [{"pem": "x"}]}}));
+    let allowed = Tenancy { host_file_dirs: vec!["/plugins".into()], ..tenancy() };
+    assert_eq!(super::plugin(&on_file, &secrets(&[]), &allowed).unwrap_err().reason, reason::INVALID);
+}
+
 fn plugin_secret_names(plugin: &GatewayPlugin) -> Vec<String> {
     plugin.secret_names().map(String::from).collect()
 }

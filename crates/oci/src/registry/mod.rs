@@ -3,8 +3,9 @@
 //!
 //! `types` holds the data shared by every side; `transport` the wire
 //! (clients, TLS, manifests and blobs with limits, retries); `client` the
-//! [`Registry`] handle; `resolve` manifests and indexes; then one file per
-//! operation: `pull`, `push`, `inspect`. Dependencies run one way, in that
+//! [`Registry`] handle; `resolve` manifests and indexes; `signatures`
+//! cosign's `.sig` manifests (read and verified, written); then one file
+//! per operation: `pull`, `push`, `inspect`. Dependencies run one way, in that
 //! order; this file only re-exports.
 
 mod client;
@@ -12,10 +13,12 @@ mod inspect;
 mod pull;
 mod push;
 mod resolve;
+mod signatures;
 mod transport;
 mod types;
 
 pub use client::Registry;
+pub use signatures::Signed;
 pub use types::{
     DEFAULT_MAX_MODULE_BYTES, Descriptor, Inspection, Origin, Progress, PullPolicy, Pulled, Pushed, RegistryOptions,
 };

@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use super::client::Registry;
 use super::resolve::resolve_manifest;
+use super::signatures::fetch_verified;
 use super::transport::{blocking, retrying};
 use super::types::{Origin, PullPolicy, Pulled};
 use crate::auth::{ANONYMOUS, PullCredentials, identity};
@@ -22,6 +23,7 @@ use crate::digest::sha256_digest;
 use crate::error::OciError;
 use crate::format::{self, Format, TAR_OVERHEAD_BYTES};
 use crate::reference::{Reference, normalize_pin};
+use crate::signature::{PublicKeys, verify};
 
 /// What the cache may serve a caller of a module, by the module's grants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -78,6 +80,28 @@ impl Registry {
         expected_sha256: Option<&str>,
         credentials: Option<&PullCredentials>,
     ) -> Result<Pulled, OciError> {
+        self.pull_verified(reference, policy, expected_sha256, credentials, None).await
+    }
+
+    /// [`Registry::pull_as`], and with `keys` the manifest must carry a
+    /// cosign signature that verifies under one of them
+    /// ([`OciError::SignatureMissing`], [`OciError::SignatureInvalid`]).
+    ///
+    /// The signature is checked against the digest the reference resolves
+    /// to, before the module is downloaded: from the registry whenever the
+    /// registry is asked, so a signature removed there stops the next pull
+    /// that asks. The cache serves a module only while the signature it
+    /// keeps next to the manifest verifies again under `keys` as they are
+    /// now; otherwise the registry is asked, and if it cannot be reached
+    /// the pull fails.
+    pub async fn pull_verified(
+        &self,
+        reference: &Reference,
+        policy: PullPolicy,
+        expected_sha256: Option<&str>,
+        credentials: Option<&PullCredentials>,
+        keys: Option<&PublicKeys>,
+    ) -> Result<Pulled, OciError> {
         let pin = expected_sha256.map(normalize_pin).transpose()?;
         let auth = self.auth(reference, credentials)?;
         let caller = Grant {
@@ -92,11 +116,12 @@ impl Registry {
         if (policy == PullPolicy::IfNotPresent || reference.digest().is_some())
             && let Some(manifest_digest) = &known
             && let Some(pulled) = self.cached(manifest_digest, Origin::Cache, &caller, Access::Granted).await
+            && self.verified_in_cache(manifest_digest, keys)
         {
             return check_pin(pulled, pin.as_deref());
         }
         let (auth, caller) = (&auth, &caller);
-        match retrying(reference, move || self.fetch(reference, auth, caller)).await {
+        match retrying(reference, move || self.fetch(reference, auth, caller, keys)).await {
             Ok(pulled) => check_pin(pulled, pin.as_deref()),
             Err(error) if error.is_transient() => {
                 let Some(manifest_digest) = &known else { return Err(error) };
@@ -104,6 +129,10 @@ impl Registry {
                 else {
                     return Err(error);
                 };
+                if !self.verified_in_cache(manifest_digest, keys) {
+                    tracing::warn!(%reference, %error, manifest = %manifest_digest, "registry unreachable, and the cached module's signature does not verify under the current keys; not serving it");
+                    return Err(error);
+                }
                 tracing::warn!(%reference, %error, manifest = %manifest_digest, "registry unreachable; serving the cached module");
                 check_pin(pulled, pin.as_deref())
             }
@@ -118,10 +147,18 @@ impl Registry {
         reference: &Reference,
         auth: &oci_client::secrets::RegistryAuth,
         caller: &Grant,
+        keys: Option<&PublicKeys>,
     ) -> Result<Pulled, OciError> {
         let session = self.inner.transport.session(reference, auth.clone());
         let (top_bytes, top_digest) = session.manifest(reference).await?;
         let cache = &self.inner.cache;
+        // Before anything of the artifact is read or served: the digest the
+        // reference resolved to is the one that must be signed.
+        if let Some(keys) = keys {
+            let signature = fetch_verified(&session, reference, &top_digest, keys).await?;
+            let (cache, top_digest) = (cache.clone(), top_digest.clone());
+            blocking(move || cache.put_signature(&top_digest, &signature)).await?;
+        }
         let tag = reference.digest().is_none().then(|| reference.clone());
         // A tag that still points where it did: nothing to download.
         if let Some(pulled) = self.cached(&top_digest, Origin::Registry, caller, Access::SameRepository).await {
@@ -220,6 +257,21 @@ impl Registry {
             format: record.format,
             origin,
         })
+    }
+
+    /// Whether a module cached for `manifest_digest` may be served under
+    /// `keys`: always without keys; with keys, only if the signature kept
+    /// for it verifies again under them now.
+    fn verified_in_cache(&self, manifest_digest: &str, keys: Option<&PublicKeys>) -> bool {
+        let Some(keys) = keys else { return true };
+        let Some(signature) = self.inner.cache.signature(manifest_digest) else { return false };
+        match verify(keys, std::slice::from_ref(&signature), manifest_digest) {
+            Ok(_) => true,
+            Err(refusal) => {
+                tracing::debug!(manifest = manifest_digest, %refusal, "the cached signature does not verify under the current keys");
+                false
+            }
+        }
     }
 
     async fn read_blob(&self, digest: &str) -> Option<Bytes> {
@@ -326,6 +378,59 @@ mod tests {
         }
         let error = registry.pull(&reference, PullPolicy::IfNotPresent, Some(&sha256_digest(b"x"))).await.unwrap_err();
         assert!(matches!(error, OciError::DigestMismatch { .. }), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_cached_module_is_served_only_while_its_kept_signature_verifies_under_the_current_keys() {
+        use crate::signature::tests::{PKCS8, PKCS8_PUB, SEC1_PUB};
+        use crate::signature::{SignedPayload, SigningKey, simple_signing_payload};
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new(RegistryOptions::new(dir.path())).unwrap();
+        let module = crate::component::tests::tiny_component();
+        let module_digest = sha256_digest(&module);
+        let manifest_digest = sha256_digest(b"a signed manifest");
+        let cache = &registry.inner.cache;
+        cache.write_blob(&module_digest, &module).unwrap();
+        let record = ManifestRecord {
+            manifest_digest: manifest_digest.clone(),
+            layer_digest: module_digest.clone(),
+            module_digest: module_digest.clone(),
+            format: Format::CncfWasm,
+        };
+        cache.put_manifest(&manifest_digest, &record).unwrap();
+        let scope = "127.0.0.1:9/plugins/p".to_string();
+        cache.grant(&module_digest, Grant { scope, identity: ANONYMOUS.into() }).unwrap();
+        // Port 9 on loopback: nothing listens, so anything not served from
+        // the cache fails as an unreachable registry.
+        let reference: Reference = format!("127.0.0.1:9/plugins/p@{manifest_digest}").parse().unwrap();
+        let signer = PublicKeys::from_pems(&[PKCS8_PUB]).unwrap();
+        let stranger = PublicKeys::from_pems(&[SEC1_PUB]).unwrap();
+        let pull = async |keys: Option<&PublicKeys>| {
+            registry.pull_verified(&reference, PullPolicy::IfNotPresent, None, None, keys).await
+        };
+        let (signer, stranger) = (&signer, &stranger);
+
+        // Cached, but no signature kept: only an unverified pull is served.
+        assert_eq!(pull(None).await.unwrap().origin, Origin::Cache);
+        assert!(pull(Some(signer)).await.unwrap_err().is_transient());
+
+        let payload = simple_signing_payload("127.0.0.1:9/plugins/p", &manifest_digest);
+        let key = SigningKey::from_pem(PKCS8.as_bytes(), None).unwrap();
+        let signed = SignedPayload { signature: key.sign(&payload), payload };
+        cache.put_signature(&manifest_digest, &signed).unwrap();
+        let pulled = pull(Some(signer)).await.unwrap();
+        assert_eq!((pulled.origin, &pulled.module[..]), (Origin::Cache, &module[..]));
+        // Another key: the registry must be asked, and it is unreachable.
+        assert!(pull(Some(stranger)).await.unwrap_err().is_transient());
+
+        // A record edited on disk (here: naming another manifest, re-signed
+        // by a key not listed) verifies nothing.
+        let other = simple_signing_payload("127.0.0.1:9/plugins/p", &sha256_digest(b"another manifest"));
+        cache.put_signature(&manifest_digest, &SignedPayload { signature: key.sign(&other), payload: other }).unwrap();
+        assert!(pull(Some(signer)).await.unwrap_err().is_transient());
+        std::fs::write(dir.path().join("signatures/sha256").join(&manifest_digest[7..]).with_extension("json"), "{")
+            .unwrap();
+        assert!(pull(Some(signer)).await.unwrap_err().is_transient());
     }
 
     fn basic(username: &str, password: &str) -> oci_client::secrets::RegistryAuth {

@@ -163,11 +163,20 @@ impl Session<'_> {
     /// [`MAX_MANIFEST_BYTES`], and its sha256; checked against the
     /// reference's digest if it has one.
     pub(crate) async fn manifest(&self, reference: &Reference) -> Result<(Bytes, String), OciError> {
+        self.manifest_limited(reference, MAX_MANIFEST_BYTES).await
+    }
+
+    /// [`Session::manifest`] with a limit of its own (a signature manifest's).
+    pub(crate) async fn manifest_limited(
+        &self,
+        reference: &Reference,
+        limit: u64,
+    ) -> Result<(Bytes, String), OciError> {
         let name = reference.digest().or(reference.tag()).unwrap_or("latest");
         let url = format!("{}/manifests/{name}", self.base);
         let what = format!("manifest {reference}");
         let response = self.get(&url, &mt::MANIFESTS.join(", "), &what).await?;
-        let body = self.read_limited(response, MAX_MANIFEST_BYTES, &what).await?;
+        let body = self.read_limited(response, limit, &what).await?;
         // The cache is keyed by sha256, whatever digest the registry chose.
         let digest = sha256_digest(&body);
         if let Some(expected) = reference.digest()
