@@ -11,6 +11,8 @@
 //! - componentize-js from npm, in plugins/examples/js/node_modules;
 //! - `wit-bindgen` for C bindings, built once per machine with
 //!   `cargo install` into the user's cache directory (it takes minutes);
+//! - `wkg`, which publishes and fetches the `sluice:plugin` WIT package
+//!   (tests/e2e/plugin_new.rs), installed the same way;
 //! - the WASI preview 1 reactor adapter, from a crate.
 
 use std::env;
@@ -61,6 +63,11 @@ pub const PYTHON_TOOLS: &[&str] = &[
 
 /// The wit-bindgen CLI that generates the C guest's bindings.
 pub const WIT_BINDGEN_VERSION: &str = "0.63.0";
+
+/// wasm-pkg-tools' `wkg`, which publishes the `sluice:plugin` WIT package to
+/// an OCI registry and fetches it into a plugin project. The tests find it
+/// at `<cache>/sluice/wkg-<version>/bin/wkg`.
+pub const WKG_VERSION: &str = "0.16.1";
 
 /// The npm project of the JavaScript example; `npm ci` installs its
 /// package-lock.json.
@@ -136,13 +143,15 @@ pub fn guest_tools() -> Result<GuestTools> {
 
     let venv = tools.join("venv");
     let wit_bindgen = wit_bindgen_path()?;
-    let (python, js, bindgen) = thread::scope(|scope| {
+    let wkg = sluice_cache_dir()?.join(format!("wkg-{WKG_VERSION}")).join("bin/wkg");
+    let (python, js, bindgen, wkg_installed) = thread::scope(|scope| {
         let python = scope.spawn(|| ensure_python_tools(&venv, &tools.join("logs/pip.log")));
         let js = scope.spawn(|| ensure_npm_ci(Path::new(JS_EXAMPLE_DIR), &tools.join("logs/npm.log")));
         let bindgen = scope.spawn(|| ensure_wit_bindgen(&wit_bindgen, &tools.join("logs/wit-bindgen.log")));
-        (python.join(), js.join(), bindgen.join())
+        let wkg_installed = scope.spawn(|| ensure_wkg(&wkg, &tools.join("logs/wkg.log")));
+        (python.join(), js.join(), bindgen.join(), wkg_installed.join())
     });
-    for result in [python, js, bindgen] {
+    for result in [python, js, bindgen, wkg_installed] {
         result.map_err(|_| anyhow::anyhow!("a setup thread panicked"))??;
     }
 
@@ -242,6 +251,29 @@ fn ensure_wit_bindgen(path: &Path, log: &Path) -> Result<()> {
             .args(["install", "--locked", "--debug", "--no-default-features", "--features", "c", "--root"])
             .arg(root)
             .args(["--version", WIT_BINDGEN_VERSION, "wit-bindgen-cli"])
+            .env("CARGO_PROFILE_DEV_DEBUG", "0"),
+        log,
+    )
+}
+
+/// `cargo install`s wkg into `path`'s root unless `wkg --version` there
+/// names [`WKG_VERSION`].
+fn ensure_wkg(path: &Path, log: &Path) -> Result<()> {
+    let wanted = format!("wkg {WKG_VERSION}");
+    let installed = Command::new(path).arg("--version").output();
+    if installed.is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == wanted) {
+        println!("{wanted}: installed at {}", path.display());
+        return Ok(());
+    }
+    let root = path.parent().and_then(Path::parent).context("wkg path has no root")?;
+    println!("installing {wanted} (once per machine; it takes a few minutes)");
+    // Unoptimized, as wit-bindgen: a third of the compile time, and it only
+    // moves a few kilobytes of WIT.
+    run_logged(
+        cargo()
+            .args(["install", "--locked", "--debug", "--root"])
+            .arg(root)
+            .args(["--version", WKG_VERSION, "wkg"])
             .env("CARGO_PROFILE_DEV_DEBUG", "0"),
         log,
     )
