@@ -824,3 +824,28 @@ async fn decompression_bombs_in_an_image_layer_are_refused() {
     assert!(accepted.is_empty(), "bombs accepted: {accepted:?}");
     assert_eq!(std::fs::read_dir(cache.join("blobs/sha256")).unwrap().count(), 0, "a bomb's module was cached");
 }
+
+/// A missing artifact is an everyday answer, not a crash: one `Error:` line
+/// with the cause chain, exit code 1, and no backtrace even where the shell
+/// sets RUST_BACKTRACE (symbolising one took a failed pull to 130 MiB).
+#[tokio::test]
+async fn a_failed_pull_prints_the_cause_without_a_backtrace() {
+    let registry = Registry::start();
+    let scratch = TempDir::new().unwrap();
+    let missing = registry.reference("plugins/nothing-here:v1");
+    let out = scratch.path().join("out.wasm");
+    let output = Command::new(sluice_tests::sluice_binary())
+        .args(["pull", &missing, "-o", out.to_str().unwrap()])
+        .env("SLUICE_OCI_CACHE_DIR", scratch.path().join("cli-cache"))
+        .env("DOCKER_CONFIG", scratch.path())
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("running sluice");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let error_lines: Vec<&str> = stderr.lines().filter(|line| line.starts_with("Error: ")).collect();
+    assert_eq!(error_lines.len(), 1, "{stderr}");
+    assert!(error_lines[0].contains("nothing-here"), "the error names the artifact: {stderr}");
+    assert!(!stderr.contains("backtrace"), "no backtrace for an ordinary error: {stderr}");
+    assert!(!out.exists(), "nothing written for a failed pull");
+}

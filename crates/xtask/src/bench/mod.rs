@@ -562,6 +562,7 @@ const SLUICE_ONLY: &[(&str, &str)] = &[
     ("stream_hooks", "A per-chunk hook on streams, 100 a second"),
     ("outbound", "A plugin's outbound call and routing decisions"),
     ("guardrail", "The streaming guardrail's added time to first token"),
+    ("cli", "The plugin author's commands: push, pull, inspect beside skopeo"),
 ];
 
 /// Runs the Sluice-only benches against the release binary (built by
