@@ -69,3 +69,11 @@ mod telemetry_otlp;
 // Isolation between clients, tenants, plugins and backends: a module per
 // part of docs/security.md's threat model.
 mod isolation;
+
+// Installing it: the container image run with podman, the Helm chart on the
+// real apiserver, cosign-signed plugins both ways, and `sluice plugin new`
+// in each language.
+mod helm;
+mod image;
+mod plugin_new;
+mod plugin_signing;

@@ -5,11 +5,14 @@
 //! `cargo build -p sluice && cargo xtask plugins`.
 
 mod config;
+mod cosign;
 mod echo;
 mod gateway;
+mod helm;
 mod http;
 mod kube;
 mod otelcol;
+mod podman;
 mod presidio;
 mod prometheus;
 mod redis;
@@ -20,11 +23,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use config::{Backend, ConfigDir, Plugin, Route, documents};
+pub use cosign::{Cosign, CosignKeyPair, CosignRun};
 pub use echo::Echo;
 pub use gateway::{Gateway, Options};
+pub use helm::{Helm, HelmOutput, helm_binary, helm_chart};
 pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events, stream_on_own_connection};
 pub use kube::KubeCluster;
 pub use otelcol::{Collector, MetricPoint, Span};
+pub use podman::{Container, IMAGE_ARCHIVE_ENV, Podman};
 pub use presidio::Presidio;
 pub use prometheus::{Prometheus, Sample};
 pub use redis::Redis;

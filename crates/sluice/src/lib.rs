@@ -2,6 +2,7 @@
 //! callable in-process (as linkerd2-proxy's thin `main` calls `linkerd-app`).
 
 pub mod oci_cmd;
+pub mod plugin_new;
 pub mod run;
 
 use std::path::PathBuf;

@@ -8,7 +8,9 @@ mod bench;
 mod cycles;
 mod fuzz;
 mod go;
+mod gotool;
 mod hakari;
+mod image;
 mod kube;
 mod new_plugin;
 mod otelcol;
@@ -58,6 +60,10 @@ enum Task {
     /// Start a Rust plugin in plugins/<name> from a template, add it to the
     /// plugins workspace and build it.
     NewPlugin(new_plugin::Args),
+    /// Build the container image (a static musl binary in an image from
+    /// scratch) with buildah into target/containers, write it as an OCI
+    /// archive to target/image/sluice.oci.tar, and optionally push it.
+    Image(image::Args),
     /// Run the fuzz targets in crates/fuzz long (libFuzzer through
     /// cargo-bolero, or random inputs) and print how many inputs each ran.
     Fuzz(fuzz::Args),
@@ -80,6 +86,7 @@ fn main() -> Result<()> {
         }
         Task::NewPlugin(args) => new_plugin::main(args),
         Task::Fuzz(args) => fuzz::main(args),
+        Task::Image(args) => image::main(args),
     }
 }
 

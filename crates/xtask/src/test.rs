@@ -7,7 +7,7 @@ use std::thread;
 use anyhow::Result;
 
 use crate::toolchain::{self, C_TOOLCHAIN_PACKAGES, TOOLS_VENV_ENV, absolute, tools_venv};
-use crate::{cargo, cycles, hakari, kube, otelcol, plugins, run, step};
+use crate::{cargo, cycles, gotool, hakari, kube, otelcol, plugins, run, step};
 
 /// Debian packages the test suite needs beyond the Rust toolchain and the
 /// guest toolchains: an OCI registry and an independent client for the OCI
@@ -55,30 +55,45 @@ pub fn test(cargo_test_args: &[OsString]) -> Result<()> {
     // the other's compiling.
     // cargo-hakari, to check the workspace-hack crate, installs beside them.
     let hakari_log = absolute(&crate::target_dir().join("tools/logs/cargo-hakari.log"))?;
-    let (kube_bin, otelcol_bin, hakari) = thread::scope(|scope| {
+    // Helm and cosign, for the chart's and the signatures' tests, likewise.
+    let (kube_bin, otelcol_bin, hakari, helm, cosign) = thread::scope(|scope| {
         let kube = scope.spawn(kube::ensure);
         let otelcol = scope.spawn(otelcol::ensure);
         let hakari = scope.spawn(|| hakari::ensure(&hakari_log));
-        (kube.join(), otelcol.join(), hakari.join())
+        let helm = scope.spawn(|| gotool::HELM.ensure());
+        let cosign = scope.spawn(|| gotool::COSIGN.ensure());
+        (kube.join(), otelcol.join(), hakari.join(), helm.join(), cosign.join())
     });
     let panicked = || anyhow::anyhow!("a setup thread panicked");
     let kube_bin = kube_bin.map_err(|_| panicked())??;
     let otelcol_bin = otelcol_bin.map_err(|_| panicked())??;
     let hakari = hakari.map_err(|_| panicked())??;
+    let helm = helm.map_err(|_| panicked())??;
+    let cosign = cosign.map_err(|_| panicked())??;
 
     step("Checks: the workspace-hack crate is current");
     hakari::check(&hakari)?;
+
+    // The container image tests/e2e/image.rs runs: the release musl build
+    // is cargo's (nothing to do when warm), the image made again only when
+    // the binary changed.
+    let image_archive = crate::image::build()?;
 
     step("Running the test suite");
     let venv = absolute(&tools_venv())?;
     println!("{TOOLS_VENV_ENV}={}", venv.display());
     println!("{}={}", kube::BIN_DIR_ENV, kube_bin.display());
     println!("{}={}", otelcol::BIN_ENV, otelcol_bin.display());
+    println!("{}={}", gotool::HELM.env, helm.display());
+    println!("{}={}", gotool::COSIGN.env, cosign.display());
     run(cargo()
         .args(["test", "--workspace"])
         .args(UNIFIED)
         .args(cargo_test_args)
         .env(TOOLS_VENV_ENV, venv)
         .env(kube::BIN_DIR_ENV, kube_bin)
-        .env(otelcol::BIN_ENV, otelcol_bin))
+        .env(otelcol::BIN_ENV, otelcol_bin)
+        .env(gotool::HELM.env, helm)
+        .env(gotool::COSIGN.env, cosign)
+        .env(crate::image::ARCHIVE_ENV, image_archive))
 }
