@@ -311,7 +311,7 @@ async fn the_image_serves_the_quickstart() {
 }
 
 #[tokio::test]
-async fn the_pushed_image_is_what_the_kustomized_deployment_names_by_digest() {
+async fn the_pushed_image_is_what_the_kustomized_deployment_and_the_chart_name_by_digest() {
     let podman = Podman::load().await;
     let registry = Registry::start();
     let repository = registry.reference("sluice-dev/sluice");
@@ -347,6 +347,12 @@ async fn the_pushed_image_is_what_the_kustomized_deployment_names_by_digest() {
     let rendered = kustomize(&kubectl, &overlay).await;
     let pinned = format!("{repository}@{digest}");
     assert_eq!(images(&rendered), vec![pinned.clone()], "the overlay's images");
+
+    // The chart names the same reference from its image values.
+    let values = format!("image:\n  repository: {repository}\n  tag: test\n  digest: {digest}\n");
+    let chart = sluice_tests::Helm::new().template("sluice", "sluice-system", &values, &[]).await;
+    assert!(chart.success, "helm template: {}", chart.stderr);
+    assert_eq!(images(&chart.stdout), vec![pinned.clone()], "the chart's images");
 
     // The registry serves that reference, as an independent client sees it:
     // the manifest hashes to the digest and names our image's config.
