@@ -706,3 +706,75 @@ async fn a_huge_error_body_is_not_read_to_its_end() {
     let sent = liar.sent("/v2/bomb/error/manifests/v1");
     assert!(sent < STOPPED_EARLY, "the error body was read on to {sent} bytes");
 }
+
+/// A plugin with `spec.verify` reads its signature manifest under bounds of
+/// its own (security.md SG4): the manifest 256 KiB, 32 layers, a payload
+/// 64 KiB whatever its descriptor declares. A registry that sends more is
+/// refused, naming the bound, before the module is fetched, and the client
+/// stops reading.
+#[tokio::test]
+async fn a_huge_or_crowded_signature_manifest_or_a_huge_payload_is_refused_at_its_bound() {
+    use p256::pkcs8::{EncodePublicKey as _, LineEnding};
+    const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+    let liar = Liar::start();
+    let scratch = TempDir::new().unwrap();
+    let oci = sluice_oci::Registry::new(options(&scratch.path().join("cache"))).unwrap();
+    let secret = p256::SecretKey::from_slice(&sha2::Sha256::digest(b"sg4")).unwrap();
+    let public = secret.public_key().to_public_key_pem(LineEnding::LF).unwrap();
+    let keys = sluice_oci::PublicKeys::from_pems(&[public]).unwrap();
+    let module = plugin();
+    let config = serde_json::to_vec(&json!({"architecture": "wasm", "os": "wasip2"})).unwrap();
+    let signature_layer = |digest: &str, size: u64| {
+        json!({"mediaType": SIMPLE_SIGNING, "digest": digest, "size": size,
+               "annotations": {"dev.cosignproject.cosign/signature": "MEUCIQ=="}})
+    };
+    let signature_manifest = |layers: Vec<Value>| {
+        json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+               "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                          "digest": format!("sha256:{}", "c".repeat(64)), "size": 2},
+               "layers": layers})
+    };
+
+    for (repository, expected) in [
+        ("sig/huge", "over the limit of 262144 bytes"),
+        ("sig/crowded", "has 33 layers, more than the 32 read"),
+        ("sig/payload", "over the limit of 65536 bytes"),
+    ] {
+        let layer = liar.blob(repository, module.clone());
+        let config_digest = liar.blob(repository, config.clone());
+        let manifest = cncf_manifest(&config_digest, config.len(), &layer, module.len());
+        let digest = liar.manifest(repository, "v1", OCI_MANIFEST, &manifest);
+        let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
+        let tag_path = format!("/v2/{repository}/manifests/{tag}");
+        let payload_digest = format!("sha256:{}", "d".repeat(64));
+        let payload_path = format!("/v2/{repository}/blobs/{payload_digest}");
+        match repository {
+            "sig/huge" => liar.answer(&tag_path, Answer::huge(200, OCI_MANIFEST, HUGE, true)),
+            "sig/crowded" => {
+                let layers = (0..33).map(|_| signature_layer(&payload_digest, 100)).collect();
+                liar.manifest(repository, &tag, OCI_MANIFEST, &signature_manifest(layers));
+            }
+            _ => {
+                // Declares 100 bytes, sends 64 MiB without a length.
+                liar.manifest(
+                    repository,
+                    &tag,
+                    OCI_MANIFEST,
+                    &signature_manifest(vec![signature_layer(&payload_digest, 100)]),
+                );
+                liar.answer(&payload_path, Answer::huge(200, "application/octet-stream", HUGE, true));
+            }
+        }
+        let reference: Reference = format!("{}/{repository}:v1", liar.host()).parse().unwrap();
+        let error = oci.pull_verified(&reference, PullPolicy::Always, None, None, Some(&keys)).await.unwrap_err();
+        assert!(error.to_string().contains(expected), "{repository}: {error}");
+        for path in [&tag_path, &payload_path] {
+            assert!(liar.sent(path) < STOPPED_EARLY, "{repository}: the client read on to {} bytes", liar.sent(path));
+        }
+        let module_path = format!("/v2/{repository}/blobs/{layer}");
+        assert!(
+            !liar.seen().iter().any(|s| s.method == "GET" && s.path == module_path),
+            "{repository}: the module was fetched before its signature was refused"
+        );
+    }
+}
