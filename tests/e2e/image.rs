@@ -328,7 +328,7 @@ async fn the_pushed_image_is_what_the_kustomized_deployment_and_the_chart_name_b
     assert!(digest.starts_with("sha256:") && digest.len() == 71, "{digest}");
 
     // The deployment's image, by digest, through an overlay.
-    let kubectl = kubectl();
+    let kubectl = sluice_tests::kubectl_binary();
     let base = kustomize(&kubectl, &root_kubernetes()).await;
     let base_image = images(&base);
     assert_eq!(base_image.len(), 1, "one image in deploy/kubernetes: {base_image:?}");
@@ -380,17 +380,6 @@ fn relative_to_root(dir: &Path, target: &Path) -> String {
 
 fn root_kubernetes() -> PathBuf {
     repo_root().join("deploy/kubernetes")
-}
-
-/// kubectl from `cargo xtask kube` ($SLUICE_KUBE_BIN_DIR, set by `cargo
-/// xtask test`).
-fn kubectl() -> PathBuf {
-    let dir = std::env::var_os("SLUICE_KUBE_BIN_DIR")
-        .map(PathBuf::from)
-        .expect("SLUICE_KUBE_BIN_DIR is not set: run `cargo xtask test` or `cargo xtask kube`");
-    let kubectl = dir.join("kubectl");
-    assert!(kubectl.is_file(), "{} is missing: run `cargo xtask kube`", kubectl.display());
-    kubectl
 }
 
 async fn kustomize(kubectl: &Path, dir: &Path) -> String {

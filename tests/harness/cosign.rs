@@ -156,7 +156,5 @@ impl Default for Cosign {
 
 /// `$SLUICE_COSIGN_BIN`, else the path under the cache directory.
 fn binary() -> PathBuf {
-    let path = std::env::var_os(BIN_ENV).map(PathBuf::from).unwrap_or_else(|| crate::user_cache_dir().join(CACHE_PATH));
-    assert!(path.is_file(), "{} is missing: {BUILD_HINT}", path.display());
-    path
+    crate::cached_tool(BIN_ENV, CACHE_PATH, BUILD_HINT)
 }

@@ -23,12 +23,7 @@ const BUILD_HINT: &str = "run `cargo xtask test` (it builds Helm from the Go mod
 /// The `helm` binary: `$SLUICE_HELM_BIN`, else where `cargo xtask test`
 /// builds it. Panics, saying how to build it, if it is missing.
 pub fn helm_binary() -> PathBuf {
-    let path = match std::env::var_os(BIN_ENV) {
-        Some(path) => PathBuf::from(path),
-        None => crate::user_cache_dir().join(CACHE_PATH),
-    };
-    assert!(path.is_file(), "{} (helm) is missing: {BUILD_HINT}", path.display());
-    path
+    crate::cached_tool(BIN_ENV, CACHE_PATH, BUILD_HINT)
 }
 
 /// The chart, deploy/helm/sluice.

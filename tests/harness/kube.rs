@@ -479,6 +479,11 @@ fn spawn_for_life(mut cmd: Command) -> io::Result<Child> {
     result.recv().expect("the kube-spawner thread answers")
 }
 
+/// kubectl, for tests that run it without a cluster (`kubectl kustomize`).
+pub fn kubectl_binary() -> PathBuf {
+    bin_dir().join("kubectl")
+}
+
 /// The binaries: `$SLUICE_KUBE_BIN_DIR`, else the xtask's cache directory.
 fn bin_dir() -> PathBuf {
     let dir = match std::env::var_os(BIN_DIR_ENV) {

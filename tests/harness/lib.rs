@@ -28,7 +28,7 @@ pub use echo::Echo;
 pub use gateway::{Gateway, Options};
 pub use helm::{Helm, HelmOutput, helm_binary, helm_chart};
 pub use http::{Client, Reply, Streamed, chat_body, empty, sse_events, stream_on_own_connection};
-pub use kube::KubeCluster;
+pub use kube::{KubeCluster, kubectl_binary};
 pub use otelcol::{Collector, MetricPoint, Span};
 pub use podman::{Container, IMAGE_ARCHIVE_ENV, Podman};
 pub use presidio::Presidio;
@@ -120,6 +120,15 @@ pub(crate) async fn start_on_free_ports<T>(what: &str, mut attempt: impl AsyncFn
         }
     }
     panic!("no free ports for {what} after 3 attempts; {last_log}");
+}
+
+/// A tool `cargo xtask` builds once per machine: the path in the
+/// environment variable `env` (which `cargo xtask test` sets), else
+/// `cache_path` under the cache directory; panics with `hint` if missing.
+pub(crate) fn cached_tool(env: &str, cache_path: &str, hint: &str) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| user_cache_dir().join(cache_path));
+    assert!(path.is_file(), "{} is missing: {hint}", path.display());
+    path
 }
 
 /// `$XDG_CACHE_HOME` or `~/.cache`, where `cargo xtask` keeps the tools it

@@ -168,15 +168,7 @@ impl Drop for Collector {
 
 /// The binary: `$SLUICE_OTELCOL_BIN`, else the xtask's cache.
 fn binary() -> PathBuf {
-    let path = match std::env::var_os(BIN_ENV) {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let cache = crate::user_cache_dir();
-            cache.join(CACHE_PATH)
-        }
-    };
-    assert!(path.is_file(), "{} is missing: {BUILD_HINT}", path.display());
-    path
+    crate::cached_tool(BIN_ENV, CACHE_PATH, BUILD_HINT)
 }
 
 /// OTLP in on both protocols, a file exporter out per signal, flushed
