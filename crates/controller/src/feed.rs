@@ -410,7 +410,7 @@ impl Translator {
         }
         self.last = Some((plugins.clone(), routes.clone()));
         self.revision += 1;
-        Some((DesiredConfig { revision: self.revision, plugins, routes }, generations))
+        Some((DesiredConfig { revision: self.revision, plugins, routes, ..Default::default() }, generations))
     }
 }
 

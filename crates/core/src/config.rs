@@ -503,6 +503,7 @@ pub struct DesiredConfig {
     pub revision: u64,
     pub plugins: Vec<PluginDecl>,
     pub routes: Vec<RouteDecl>,
+    pub mcp_routes: Vec<crate::mcp::McpRouteDecl>,
 }
 
 impl DesiredConfig {
@@ -531,6 +532,29 @@ impl DesiredConfig {
                 format!("AIModelRoute {route}"),
                 format!("model `{model}` is already served by AIModelRoute {owner}"),
             ));
+        }
+        errors.extend(self.mcp_conflicts());
+        errors
+    }
+
+    /// MCP routes declared twice, or claiming a path an earlier one serves
+    /// (the same rule as models: the order given is the precedence).
+    pub fn mcp_conflicts(&self) -> Vec<ResourceError> {
+        let mut errors = Vec::new();
+        let mut seen = HashMap::new();
+        let mut paths: HashMap<&str, &ResourceKey> = HashMap::new();
+        for route in &self.mcp_routes {
+            let resource = format!("MCPRoute {}", route.key);
+            if seen.insert(&route.key, ()).is_some() {
+                errors.push(ResourceError::new(resource, "declared more than once"));
+            } else if let Some(owner) = paths.get(route.path.as_str()) {
+                errors.push(ResourceError::new(
+                    resource,
+                    format!("path `{}` is already served by MCPRoute {owner}", route.path),
+                ));
+            } else {
+                paths.insert(&route.path, &route.key);
+            }
         }
         errors
     }
@@ -602,6 +626,7 @@ mod tests {
             revision: 0,
             plugins: vec![],
             routes: vec![route("a", &["m1", "m2"]), route("b", &["m2"])],
+            ..Default::default()
         };
         let conflicts = desired.conflicts();
         assert_eq!(conflicts.len(), 1);
@@ -644,8 +669,12 @@ mod tests {
 
     #[test]
     fn distinct_routes_do_not_conflict() {
-        let desired =
-            DesiredConfig { revision: 0, plugins: vec![], routes: vec![route("a", &["m1"]), route("b", &["m2"])] };
+        let desired = DesiredConfig {
+            revision: 0,
+            plugins: vec![],
+            routes: vec![route("a", &["m1"]), route("b", &["m2"])],
+            ..Default::default()
+        };
         assert!(desired.conflicts().is_empty());
     }
 }

@@ -6,6 +6,7 @@ pub mod account;
 pub mod backends;
 pub mod config;
 pub mod error;
+pub mod mcp;
 pub mod reason;
 pub mod redact;
 pub mod report;
@@ -19,6 +20,7 @@ pub use config::{
     RouteDecl, Secret, StateGrant, VerifyKeys,
 };
 pub use error::{ApiError, ErrorType};
+pub use mcp::{McpAuthorization, McpLimits, McpRouteDecl, McpServerDecl};
 pub use redact::Redactions;
 pub use report::{LoadReport, LoadState};
 pub use routing::{

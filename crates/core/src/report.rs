@@ -14,6 +14,7 @@ pub struct LoadReport {
     pub revision: u64,
     pub plugins: BTreeMap<ResourceKey, LoadState>,
     pub routes: BTreeMap<ResourceKey, LoadState>,
+    pub mcp_routes: BTreeMap<ResourceKey, LoadState>,
     /// Each route's backends this replica has out of rotation now (passive
     /// health), by label; routes with none are left out. Refreshed as
     /// ejections start and end, between configs.

@@ -299,6 +299,7 @@ impl Gateway {
             revision: desired.revision,
             plugins: build.plugins.clone(),
             routes: build.routes.clone(),
+            mcp_routes: build.mcp_routes.clone(),
             ejected,
         };
         self.load_reports.send_replace(Arc::new(load_report));

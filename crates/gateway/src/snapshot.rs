@@ -184,6 +184,9 @@ pub struct BuildReport {
     /// Each declared route's state.
     #[serde(skip)]
     pub routes: BTreeMap<ResourceKey, LoadState>,
+    /// Each declared MCP route's state.
+    #[serde(skip)]
+    pub mcp_routes: BTreeMap<ResourceKey, LoadState>,
     /// Some failure may go away by itself (a registry that was
     /// unreachable): the same config is worth building again later.
     #[serde(skip)]

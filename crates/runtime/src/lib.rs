@@ -44,7 +44,7 @@ pub use bindings::{
 pub use egress::{EgressConfig, OutboundCall};
 pub use granted::{Grants, Settlement, settle_all};
 pub use plugin::{ConfiguredPlugin, InstanceStart, Limits, PluginInstance, PluginModule};
-pub use request::PluginRequest;
+pub use request::{McpRequest, PluginRequest};
 pub use runtime::{Runtime, RuntimeConfig, StartError, StateStore};
 pub use sluice_state;
 

@@ -32,6 +32,25 @@ pub struct PluginRequest {
     pub rerouted: bool,
     /// The first edit of the current call that could not be applied.
     pub(crate) invalid: Option<String>,
+    /// Set on MCP traffic: the JSON-RPC message's method, and for
+    /// `tools/call` the tool and its arguments (WIT 0.3.3).
+    pub mcp: Option<McpRequest>,
+}
+
+/// An MCP message as plugins see it. The body is the JSON-RPC message
+/// itself; these are read from it once, by the gateway.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct McpRequest {
+    /// `tools/call`, `tools/list`, `initialize`, ...
+    pub method: String,
+    /// For `tools/call` (and `prompts/get`): the name as the client sent it,
+    /// with its server's prefix (`weather__forecast`).
+    pub tool: Option<String>,
+    /// The call's `arguments`, as JSON object text.
+    pub arguments: Option<String>,
+    /// A plugin replaced `arguments` (`set-tool-arguments`): the gateway
+    /// writes them into the message it forwards.
+    pub arguments_edited: bool,
 }
 
 impl PluginRequest {

@@ -53,7 +53,7 @@ async fn start() -> (SocketAddr, Arc<Gateway>, SocketAddr) {
         timeout: Duration::from_secs(10),
         ..RouteDecl::new(ResourceKey::new("default", "chat"), vec!["gpt-4o-mini".into()])
     };
-    let desired = DesiredConfig { revision: 1, plugins: vec![add_header()], routes: vec![route] };
+    let desired = DesiredConfig { revision: 1, plugins: vec![add_header()], routes: vec![route], ..Default::default() };
     let (updates, rx) = watch::channel(Some(ConfigUpdate::Desired(desired)));
     // The gateway follows the source until the sender goes: keep it.
     std::mem::forget(updates);

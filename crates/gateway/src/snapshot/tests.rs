@@ -57,7 +57,7 @@ async fn apply(
     plugins: Vec<PluginDecl>,
     routes: Vec<RouteDecl>,
 ) -> (Snapshot, BuildReport) {
-    let desired = DesiredConfig { revision: 0, plugins, routes };
+    let desired = DesiredConfig { revision: 0, plugins, routes, ..Default::default() };
     build(runtime, None, &desired, previous, Duration::from_secs(60), &Arc::default()).await
 }
 
