@@ -4,6 +4,10 @@
 //! the module of its theme (or a new module here) with no manifest edit.
 //! `cargo test --test e2e THEME::` runs one theme.
 
+// The MCP gateway: the official MCP Python SDK as client and servers.
+mod mcp;
+mod mcp_kubernetes;
+
 // The proxy: routing, bodies, streams, limits, reloads and failures.
 mod config;
 mod failures;

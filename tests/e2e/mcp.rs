@@ -1,0 +1,1 @@
+//! The MCP gateway through the official MCP Python SDK.

@@ -1,0 +1,1 @@
+//! MCPRoute on the real apiserver.
