@@ -10,6 +10,8 @@ pub const INVALID: &str = "Invalid";
 /// or environment variable in Kubernetes mode).
 pub const NOT_PERMITTED: &str = "NotPermitted";
 pub const MODEL_CONFLICT: &str = "ModelConflict";
+/// Another MCPRoute serves the path already.
+pub const PATH_CONFLICT: &str = "PathConflict";
 /// The route's namespace may not claim one of its models: the gateway's
 /// operator grants models to namespaces.
 pub const MODEL_NOT_PERMITTED: &str = "ModelNotPermitted";

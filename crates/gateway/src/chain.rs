@@ -261,7 +261,7 @@ async fn run_chain(
     let mut marks = Vec::new();
     let mut settlements = Vec::new();
     for (i, plugin) in route.chain.iter().enumerate() {
-        let step = request_filter(plugin, routing, &mut request, Some(&mut *record), &mut settlements).await?;
+        let step = request_filter(plugin, Some(routing), &mut request, Some(&mut *record), &mut settlements).await?;
         marks.push(std::mem::take(&mut request.response_headers));
         let auth_phase_ends = plugin.decl.phase == Phase::Auth
             && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
@@ -288,6 +288,44 @@ async fn run_chain(
     outgoing.routed_model = request.rerouted.then_some(request.model);
     outgoing.routed_backend = request.backend;
     Ok(Filtered::Forward(engaged, response_marks(marks), settlements))
+}
+
+/// How an MCP message's request phase ended.
+pub enum McpFiltered {
+    /// Forward the (edited) message; the response gets these headers.
+    Forward(HeaderMap),
+    /// A plugin answered: its response, and its name.
+    Respond(http::Response<Body>, String),
+}
+
+/// Runs an MCP route's request hooks in chain order on one JSON-RPC
+/// message (`request.mcp` says what it is). The response hooks are not
+/// called on MCP traffic: a result streams through as the server sends it.
+pub async fn mcp_filters(
+    chain: &[Arc<LoadedPlugin>],
+    request: &mut PluginRequest,
+    record: &mut RequestRecord,
+) -> Result<McpFiltered, ApiError> {
+    let mut marks = Vec::new();
+    let mut settlements = Vec::new();
+    for (i, plugin) in chain.iter().enumerate() {
+        let step = Box::pin(request_filter(plugin, None, request, Some(&mut *record), &mut settlements)).await?;
+        marks.push(std::mem::take(&mut request.response_headers));
+        let auth_phase_ends =
+            plugin.decl.phase == Phase::Auth && chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
+        if auth_phase_ends {
+            record.consumer = consumer(&request.headers);
+            request.consumer.clone_from(&record.consumer);
+        }
+        if let Step::Respond(mut response) = step {
+            set_all(response.headers_mut(), &response_marks(marks));
+            settle_all(settlements, response.status().as_u16(), None);
+            return Ok(McpFiltered::Respond(response, plugin.name().to_string()));
+        }
+    }
+    // No upstream usage to settle a reservation by: the message counts.
+    settle_all(settlements, 200, None);
+    Ok(McpFiltered::Forward(response_marks(marks)))
 }
 
 /// The header in which auth plugins name the caller (the first-party auth
@@ -352,7 +390,7 @@ enum Step {
 /// settle at the response's end go to `settlements`.
 async fn request_filter(
     plugin: &LoadedPlugin,
-    routing: Routing<'_>,
+    routing: Option<Routing<'_>>,
     request: &mut PluginRequest,
     mut record: Option<&mut RequestRecord>,
     settlements: &mut Vec<Settlement>,
@@ -406,7 +444,7 @@ pub fn outcome(error: &PluginError) -> Outcome {
 
 async fn run_request_filter(
     plugin: &LoadedPlugin,
-    routing: Routing<'_>,
+    routing: Option<Routing<'_>>,
     request: &mut PluginRequest,
     (request_id, trace): (Option<Arc<str>>, Option<[u8; 16]>),
     settlements: &mut Vec<Settlement>,
@@ -427,8 +465,17 @@ async fn run_request_filter(
         calls.extend(instance.take_outbound_calls());
         let action = result?;
         // A decision it may not make fails it, under its failure policy
-        // (`Open` undoes its edits, the decision included).
-        routing.check(plugin, request)?;
+        // (`Open` undoes its edits, the decision included). MCP traffic
+        // has no models or backends to choose.
+        match routing {
+            Some(routing) => routing.check(plugin, request)?,
+            None if request.rerouted || request.backend.is_some() => {
+                return Err(PluginError::InvalidEdit(
+                    "it made a routing decision on MCP traffic, which has no models or backends".into(),
+                ));
+            }
+            None => {}
+        }
         // Only from a hook that returned: a failed one's reservations stay
         // counted as reserved, as its edits are undone.
         settlements.extend(instance.take_settlements());

@@ -67,6 +67,9 @@ pub struct Settings {
     /// and each backend's share of it (the flags' values, and the budget
     /// itself, shared by the clones of these settings): past it, a 503.
     pub response_buffers: crate::body::ResponseBuffers,
+    /// Seal and open MCP session ids (`--mcp-session-keys`): shared by
+    /// every replica so that any continues any session.
+    pub mcp_session_keys: Arc<crate::mcp::session::SessionKeys>,
 }
 
 impl Default for Settings {
@@ -95,6 +98,7 @@ impl Default for Settings {
                 Self::DEFAULT_MAX_BUFFERED_RESPONSE_BYTES,
                 Self::DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT,
             ),
+            mcp_session_keys: Arc::new(crate::mcp::session::SessionKeys::ephemeral()),
         }
     }
 }
@@ -137,6 +141,8 @@ pub struct Gateway {
     pub(crate) peers: Arc<PeerShares>,
     /// One permit per byte of request body held in memory.
     pub(crate) body_budget: Arc<Semaphore>,
+    /// MCP streams open per session on this replica.
+    pub(crate) mcp_streams: Arc<crate::mcp::StreamShares>,
 }
 
 /// What the admin API tells about the last config change.
@@ -169,6 +175,7 @@ impl Gateway {
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
             peers: Arc::new(PeerShares::new(&settings)),
             body_budget: Arc::new(Semaphore::new(settings.max_buffered_body_bytes.clamp(1, Semaphore::MAX_PERMITS))),
+            mcp_streams: Arc::default(),
             settings,
         }))
     }

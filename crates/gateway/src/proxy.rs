@@ -139,6 +139,13 @@ async fn serve(
         (method, p) if p == "/v1/models" || FORWARDED.contains(&p) => {
             Err(ApiError::method_not_allowed(method.as_str(), p))
         }
+        (_, p) if let Some(route) = snapshot.mcp_route(p) => {
+            let route = route.clone();
+            crate::mcp::serve(gateway, &route, request, record).await
+        }
+        (&Method::GET, p) if let Some(route) = p.strip_prefix(crate::mcp::METADATA_PREFIX).and_then(|p| snapshot.mcp_route(p)) => {
+            crate::mcp::metadata(route, request.headers()).ok_or_else(|| ApiError::not_found(p))
+        }
         (_, p) => Err(ApiError::not_found(p)),
     }
 }
@@ -246,10 +253,19 @@ async fn proxy(
 /// returns it with its share of the budget.
 async fn read_body(
     gateway: &Gateway,
-    mut body: Incoming,
+    body: Incoming,
     headers: &HeaderMap,
 ) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
-    let limit = gateway.settings.max_body_bytes;
+    read_body_within(gateway, body, headers, gateway.settings.max_body_bytes).await
+}
+
+/// [`read_body`] within `limit` bytes.
+pub(crate) async fn read_body_within(
+    gateway: &Gateway,
+    mut body: Incoming,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|len| len > limit) {

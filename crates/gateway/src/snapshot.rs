@@ -19,6 +19,7 @@ use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
 
 use crate::backend_api::Adapter;
+use crate::mcp::{McpRoute, McpServer};
 use crate::balance::{Balancer, Budget, Health, now_ms};
 use crate::target::Target;
 use crate::upstream::UpstreamClient;
@@ -30,6 +31,8 @@ pub struct Snapshot {
     /// Each model's route, and the model's name as metrics label it.
     by_model: HashMap<String, (Arc<Route>, Label)>,
     plugins: HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    /// The MCP routes served, by path.
+    mcp: HashMap<String, Arc<McpRoute>>,
 }
 
 /// A declared plugin, loaded and configured.
@@ -79,6 +82,10 @@ impl Snapshot {
     /// per model, so telemetry can tell label sets apart by address).
     pub fn routed(&self, model: &str) -> Option<(&Arc<Route>, &Label)> {
         self.by_model.get(model).map(|(route, label)| (route, label))
+    }
+
+    pub fn mcp_route(&self, path: &str) -> Option<&Arc<McpRoute>> {
+        self.mcp.get(path)
     }
 
     pub fn routes(&self) -> &[Arc<Route>] {
@@ -228,9 +235,10 @@ pub async fn build(
     let built = build_routes(desired, previous, &plugins, backends, &mut report);
     let by_model = index_models(&built);
     let routes = built.into_iter().map(|b| b.route).collect();
+    let mcp = build_mcp_routes(desired, previous, &plugins, backends, &mut report);
     // Only plugins some route uses need to stay loaded, but all are kept so
     // their last good versions survive a route edit.
-    let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins };
+    let snapshot = Snapshot { generation: previous.generation + 1, routes, by_model, plugins, mcp };
     (snapshot, report)
 }
 
@@ -565,6 +573,98 @@ fn build_route(
     let label = decl.key.to_string().into();
     let balancer = Balancer::new(&decl.backends.iter().map(|b| (b.priority, b.weight)).collect::<Vec<_>>());
     Ok(Route { decl: decl.clone(), label, chain, endpoints, backends, balancer, budget: Budget::default() })
+}
+
+/// Builds every declared MCP route; one that fails keeps its last good
+/// version (at its old path, unless a current route now claims it).
+fn build_mcp_routes(
+    desired: &DesiredConfig,
+    previous: &Snapshot,
+    plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    policy: &Arc<BackendPolicy>,
+    report: &mut BuildReport,
+) -> HashMap<String, Arc<McpRoute>> {
+    let conflicts = desired.mcp_conflicts();
+    let previous_routes: HashMap<&ResourceKey, &Arc<McpRoute>> =
+        previous.mcp.values().map(|r| (&r.decl.key, r)).collect();
+    let mut by_path = HashMap::new();
+    let mut last_good = Vec::new();
+    for decl in &desired.mcp_routes {
+        let resource = format!("MCPRoute {}", decl.key);
+        if let Some(conflict) = conflicts.iter().find(|c| c.resource == resource) {
+            report.mcp_routes.insert(decl.key.clone(), LoadState::failed(reason::PATH_CONFLICT, &conflict.message, None));
+            continue;
+        }
+        let old = previous_routes.get(&decl.key).map(|r| &***r);
+        let message = match build_mcp_route(decl, plugins, policy, old) {
+            Ok(route) => {
+                report.mcp_routes.insert(decl.key.clone(), LoadState::ready(None));
+                by_path.insert(decl.path.clone(), Arc::new(route));
+                continue;
+            }
+            Err(message) => message,
+        };
+        let reason = if message.contains("is not loaded") { reason::CHAIN_NOT_READY } else { reason::INVALID };
+        report.mcp_routes.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
+        match previous_routes.get(&decl.key) {
+            Some(route) => {
+                report.errors.push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
+                last_good.push(Arc::clone(route));
+            }
+            None => report.errors.push(ResourceError::new(resource, message)),
+        }
+    }
+    for route in last_good {
+        by_path.entry(route.decl.path.clone()).or_insert(route);
+    }
+    report.errors.extend(conflicts);
+    by_path
+}
+
+fn build_mcp_route(
+    decl: &sluice_core::McpRouteDecl,
+    plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
+    policy: &Arc<BackendPolicy>,
+    previous: Option<&McpRoute>,
+) -> Result<McpRoute, String> {
+    decl.check()?;
+    if let Some(why) = decl.servers.iter().find_map(|s| policy.refuses_url(&s.url)) {
+        return Err(why);
+    }
+    let mut chain: Vec<Arc<LoadedPlugin>> = decl
+        .plugins
+        .iter()
+        .map(|key| plugins.get(key).cloned().ok_or_else(|| format!("plugin {key} is not loaded")))
+        .collect::<Result<_, _>>()?;
+    chain.sort_by_key(|plugin| plugin.decl.phase);
+    let servers = decl
+        .servers
+        .iter()
+        .map(|s| {
+            let uri: http::Uri = s.url.parse().map_err(|e| format!("server `{}`: url: {e}", s.name))?;
+            let credential = match &s.api_key {
+                None => None,
+                Some(source) => {
+                    let key = resolve_api_key(source)?;
+                    let value = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+                        .map_err(|_| format!("server `{}`: the API key is not a valid header value", s.name))?;
+                    Some(value)
+                }
+            };
+            // A server's pooled connections outlive a config change that
+            // keeps its URL and TLS settings.
+            let old = previous.and_then(|route| {
+                route.servers.iter().zip(&route.decl.servers).find(|(old, d)| old.url == s.url && d.tls == s.tls)
+            });
+            let client = match old {
+                Some((old, _)) => old.client.clone(),
+                None => UpstreamClient::for_backend(None, s.tls.as_ref(), policy.clone())
+                    .map_err(|e| format!("server `{}`: {e}", s.name))?,
+            };
+            Ok(McpServer { name: s.name.clone(), url: s.url.clone(), uri, credential, timeout: s.timeout, client })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(McpRoute { decl: decl.clone(), label: decl.key.to_string().into(), chain, servers })
 }
 
 fn resolve_api_key(source: &ApiKeySource) -> Result<String, String> {

@@ -187,6 +187,22 @@ pub struct RunArgs {
     pub state: StateArgs,
     #[command(flatten)]
     pub egress: EgressArgs,
+    #[command(flatten)]
+    pub mcp: McpArgs,
+}
+
+/// MCP routes (MCPRoute).
+#[derive(clap::Args)]
+#[command(next_help_heading = "MCP")]
+pub struct McpArgs {
+    /// A file of keys that seal MCP session ids, one per line (32 bytes,
+    /// base64 or hex): the first seals, every one opens, so keys rotate
+    /// without ending sessions. Give every replica the same file (a
+    /// mounted Secret) and any replica continues any session, across
+    /// restarts. Without it a key is made up at start: sessions then end
+    /// with the process and stay on the replica that began them.
+    #[arg(long, value_name = "FILE", env = "SLUICE_MCP_SESSION_KEYS")]
+    pub mcp_session_keys: Option<std::path::PathBuf>,
 }
 
 /// Outbound HTTP of plugins granted it (`spec.egress`): the caps every
@@ -600,6 +616,10 @@ fn build_gateway(args: &RunArgs, state_store: Option<sluice_runtime::StateStore>
             args.memory.max_buffered_response_bytes,
             args.memory.max_buffered_response_backend_percent,
         ),
+        mcp_session_keys: Arc::new(match &args.mcp.mcp_session_keys {
+            Some(path) => sluice_gateway::McpSessionKeys::read(path)?,
+            None => sluice_gateway::McpSessionKeys::ephemeral(),
+        }),
         ..Settings::default()
     };
     Ok(Gateway::new(runtime, Some(registry), settings)?)

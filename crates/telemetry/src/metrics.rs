@@ -44,6 +44,27 @@ pub struct RequestLabels {
     pub error_code: &'static str,
 }
 
+/// One MCP tool call (or other routed MCP request), by its route, server,
+/// tool (capped like consumers) and consumer.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct McpCallLabels {
+    pub route: Label,
+    pub server: Label,
+    /// The prefixed tool name; empty for requests that are not tool calls.
+    pub tool: Label,
+    pub consumer: Label,
+    /// `ok`, `tool_error` (the tool answered `isError`), `error` (a
+    /// JSON-RPC error, or the server failed).
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct McpDurationLabels {
+    pub route: Label,
+    pub server: Label,
+    pub tool: Label,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: Label,
@@ -286,6 +307,9 @@ pub struct Metrics {
     pub resource_state: Family<ResourceLabels, Gauge>,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_duration: Histograms<KindLabels>,
+    pub mcp_calls: Family<McpCallLabels, Counter>,
+    pub mcp_call_duration: Histograms<McpDurationLabels>,
+    pub mcp_stream_messages: Family<McpDurationLabels, Counter>,
     build: Family<BuildLabels, Gauge>,
     caps: Caps,
 }
@@ -331,6 +355,9 @@ impl Metrics {
             resource_state: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: histograms(TASK_SECONDS),
+            mcp_calls: Family::default(),
+            mcp_call_duration: histograms(REQUEST_SECONDS),
+            mcp_stream_messages: Family::default(),
             build: Family::default(),
             caps: Caps::default(),
         };
@@ -341,6 +368,23 @@ impl Metrics {
         self.set_build(env!("CARGO_PKG_VERSION"), "unknown");
         let r = &mut self.registry;
         r.register("sluice_build_info", "The running build: its version and git commit", self.build.clone());
+        r.register(
+            "sluice_mcp_calls",
+            "MCP requests routed to a server (tool calls, prompts, resources), by route, server, tool, consumer and result",
+            self.mcp_calls.clone(),
+        );
+        r.register_with_unit(
+            "sluice_mcp_call_duration",
+            "Time from an MCP request's arrival to the server's answer, streamed messages included (OpenTelemetry's \
+             execute_tool span)",
+            Unit::Seconds,
+            self.mcp_call_duration.clone(),
+        );
+        r.register(
+            "sluice_mcp_stream_messages",
+            "Messages relayed from MCP servers to clients in streams (progress, logs, server requests)",
+            self.mcp_stream_messages.clone(),
+        );
         r.register(
             "sluice_requests",
             "Requests answered, by route, model, backend, status class and error code",
@@ -550,6 +594,13 @@ impl Metrics {
         self.caps.lock().admit(Cap::Consumer, consumer)
     }
 
+    /// An MCP tool's name, or [`OTHER`] once the cap is reached with
+    /// other values: a client names the tool, so it is capped like a
+    /// consumer (by `max_consumers`).
+    pub fn tool_label(&self, tool: &str) -> Label {
+        self.caps.lock().admit(Cap::Tool, tool)
+    }
+
     /// `model`, or [`OTHER`] once the cap is reached with other values.
     pub fn response_model_label(&self, model: &str) -> Label {
         self.caps.lock().admit(Cap::ResponseModel, model)
@@ -584,6 +635,7 @@ impl Caps {
 enum Cap {
     Consumer,
     ResponseModel,
+    Tool,
 }
 
 /// The label values admitted so far; they stay admitted for the process's
@@ -594,6 +646,7 @@ struct Capped {
     max_response_models: usize,
     consumers: HashSet<Label, foldhash::fast::RandomState>,
     response_models: HashSet<Label, foldhash::fast::RandomState>,
+    tools: HashSet<Label, foldhash::fast::RandomState>,
     other: Label,
 }
 
@@ -604,6 +657,7 @@ impl Default for Capped {
             max_response_models: 100,
             consumers: HashSet::default(),
             response_models: HashSet::default(),
+            tools: HashSet::default(),
             other: Label::from(OTHER),
         }
     }
@@ -614,6 +668,7 @@ impl Capped {
         let (seen, max) = match cap {
             Cap::Consumer => (&mut self.consumers, self.max_consumers),
             Cap::ResponseModel => (&mut self.response_models, self.max_response_models),
+            Cap::Tool => (&mut self.tools, self.max_consumers),
         };
         if let Some(label) = seen.get(value) {
             return label.clone();

@@ -1,0 +1,788 @@
+//! The MCP gateway: Model Context Protocol servers behind one path, over
+//! Streamable HTTP (docs/mcp.md). Several servers appear as one
+//! ([`names`]); the session lives in its id ([`session`]), so any replica
+//! continues any session; each client message passes the route's plugin
+//! chain before it reaches a server ([`upstream`]); streams are relayed
+//! event by event ([`stream`]).
+
+mod names;
+pub mod session;
+mod stream;
+mod upstream;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use hyper::body::Incoming;
+use serde_json::{Map, Value, json};
+use sluice_core::{ApiError, McpRouteDecl};
+use sluice_runtime::{McpRequest, PluginRequest};
+use sluice_telemetry::{Label, RequestRecord};
+
+use crate::body::{Body, full, json_response};
+use crate::chain::{McpFiltered, mcp_filters, set_all};
+use crate::gateway::Gateway;
+use crate::snapshot::LoadedPlugin;
+use crate::upstream::UpstreamClient;
+use names::Listing;
+use session::Record;
+pub use stream::StreamShares;
+use upstream::{Failure, SESSION_HEADER, VERSION_HEADER};
+
+/// The revisions this gateway speaks with clients, newest first. The
+/// 2026-07-28 revision (stateless, `server/discover`) is not one yet: its
+/// probe is answered "method not found", on which clients of both eras
+/// fall back to `initialize`.
+pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+
+// JSON-RPC's codes, and MCP's.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+/// A server-defined code (-32000 to -32099): a server could not be reached
+/// or answered badly.
+const UPSTREAM_ERROR: i64 = -32002;
+/// A plugin or the route's tool lists refused the call.
+const REFUSED: i64 = -32001;
+
+/// An MCP route, built for serving.
+pub struct McpRoute {
+    pub decl: McpRouteDecl,
+    /// `namespace/name`, as metrics and logs name it.
+    pub label: Label,
+    pub chain: Vec<Arc<LoadedPlugin>>,
+    pub servers: Vec<McpServer>,
+}
+
+pub struct McpServer {
+    pub name: String,
+    pub url: String,
+    pub uri: Uri,
+    /// `Bearer <apiKey>`, if it has one.
+    pub credential: Option<HeaderValue>,
+    pub timeout: Duration,
+    pub client: UpstreamClient,
+}
+
+impl McpRoute {
+    fn server(&self, name: &str) -> Option<&McpServer> {
+        self.servers.iter().find(|s| s.name == name)
+    }
+
+    /// The largest message read from a client or a server.
+    fn limit(&self, gateway: &Gateway) -> usize {
+        self.decl.limits.max_message_bytes.min(gateway.settings.max_body_bytes)
+    }
+}
+
+/// One JSON-RPC message from a client.
+struct Message {
+    /// The message as parsed; forwarded as written again from this.
+    value: Value,
+    id: Option<Value>,
+    method: Option<String>,
+}
+
+impl Message {
+    fn parse(body: &[u8]) -> Result<Message, (i64, String)> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| (PARSE_ERROR, format!("not JSON: {e}")))?;
+        if value.is_array() {
+            // Batches left the protocol in 2025-06-18; no client sends them.
+            return Err((INVALID_REQUEST, "JSON-RPC batches are not supported".into()));
+        }
+        let Some(object) = value.as_object() else {
+            return Err((INVALID_REQUEST, "a JSON-RPC message is an object".into()));
+        };
+        if object.get("jsonrpc") != Some(&Value::String("2.0".into())) {
+            return Err((INVALID_REQUEST, "`jsonrpc` must be \"2.0\"".into()));
+        }
+        let id = object.get("id").cloned();
+        if id.as_ref().is_some_and(|id| !(id.is_string() || id.is_number())) {
+            return Err((INVALID_REQUEST, "`id` must be a string or a number".into()));
+        }
+        let method = match object.get("method") {
+            None => None,
+            Some(Value::String(method)) => Some(method.clone()),
+            Some(_) => return Err((INVALID_REQUEST, "`method` must be a string".into())),
+        };
+        if method.is_none() && (id.is_none() || !(object.contains_key("result") || object.contains_key("error"))) {
+            return Err((INVALID_REQUEST, "a message needs a `method`, or an `id` and a `result` or `error`".into()));
+        }
+        Ok(Message { value, id, method })
+    }
+
+    fn params(&self) -> Option<&Map<String, Value>> {
+        self.value.get("params").and_then(Value::as_object)
+    }
+
+    fn params_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        self.value.get_mut("params").and_then(Value::as_object_mut)
+    }
+
+    fn bytes(&self) -> Bytes {
+        Bytes::from(self.value.to_string())
+    }
+}
+
+/// Serves one HTTP request to an MCP route's path.
+pub async fn serve(
+    gateway: &Gateway,
+    route: &Arc<McpRoute>,
+    request: http::Request<Incoming>,
+    record: &mut RequestRecord,
+) -> Result<http::Response<Body>, ApiError> {
+    record.route = Some(route.label.clone());
+    match *request.method() {
+        Method::POST => post(gateway, route, request, record).await,
+        Method::GET => Ok(listen(gateway, route, request, record).await),
+        Method::DELETE => Ok(end(gateway, route, request, record).await),
+        ref method => Err(ApiError::method_not_allowed(method.as_str(), &route.decl.path)),
+    }
+}
+
+/// The Protected Resource Metadata (RFC 9728) of the MCP route at `path`,
+/// if it declares its authorization.
+pub fn metadata(route: &McpRoute, headers: &HeaderMap) -> Option<http::Response<Body>> {
+    let authorization = route.decl.authorization.as_ref()?;
+    let resource = authorization.resource.clone().unwrap_or_else(|| resource_url(headers, &route.decl.path));
+    let mut body = json!({
+        "resource": resource,
+        "authorization_servers": authorization.authorization_servers,
+        "bearer_methods_supported": ["header"],
+        "resource_name": route.label.to_string(),
+    });
+    if !authorization.scopes.is_empty() {
+        body["scopes_supported"] = json!(authorization.scopes);
+    }
+    Some(json_response(StatusCode::OK, body.to_string().into_bytes()))
+}
+
+/// The route's URL as the client reached it: the scheme a proxy in front
+/// says (`x-forwarded-proto`), else http, and the `host` it named.
+fn resource_url(headers: &HeaderMap, path: &str) -> String {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let scheme = match text("x-forwarded-proto") {
+        Some("https") => "https",
+        _ => "http",
+    };
+    let host = text("host").filter(|h| h.bytes().all(|b| b.is_ascii_graphic())).unwrap_or("localhost");
+    format!("{scheme}://{host}{path}")
+}
+
+/// Where a route's metadata is served: RFC 9728's well-known path with
+/// the resource's path appended.
+pub const METADATA_PREFIX: &str = "/.well-known/oauth-protected-resource";
+
+async fn post(
+    gateway: &Gateway,
+    route: &Arc<McpRoute>,
+    request: http::Request<Incoming>,
+    record: &mut RequestRecord,
+) -> Result<http::Response<Body>, ApiError> {
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.to_ascii_lowercase().starts_with("application/json") {
+        return Err(ApiError::new(
+            415,
+            sluice_core::ErrorType::InvalidRequestError,
+            "unsupported_media_type",
+            "an MCP message is POSTed as application/json",
+        ));
+    }
+    if let Some(version) = request.headers().get(VERSION_HEADER) {
+        let known = version.to_str().ok().is_some_and(|v| PROTOCOL_VERSIONS.contains(&v));
+        if !known {
+            let message = format!("unsupported MCP-Protocol-Version; this gateway speaks {}", PROTOCOL_VERSIONS.join(", "));
+            return Ok(rpc_error(StatusCode::BAD_REQUEST, Value::Null, INVALID_REQUEST, &message));
+        }
+    }
+    let limit = route.limit(gateway);
+    let (parts, body) = request.into_parts();
+    let (body, _budget) = crate::proxy::read_body_within(gateway, body, &parts.headers, limit).await?;
+    let mut message = match Message::parse(&body) {
+        Ok(message) => message,
+        Err((code, why)) => return Ok(rpc_error(StatusCode::BAD_REQUEST, Value::Null, code, &why)),
+    };
+    let id = message.id.clone().unwrap_or(Value::Null);
+    let method = message.method.clone().unwrap_or_default();
+    record.operation = Some(operation_of(&method));
+
+    // Every message passes the chain, `initialize` included: the auth
+    // plugin sees each, as it sees each chat request.
+    let headers = match filter(route, &parts, &mut message, &body, record).await {
+        Ok(Filtered::Forward(headers, mark)) => Some((headers, mark)),
+        Ok(Filtered::Refused(response)) => return Ok(response),
+        Err(error) => return Ok(rpc_error(StatusCode::OK, id, INTERNAL_ERROR, &error.message)),
+    };
+    let (passed_on, marks) = headers.unwrap_or_default();
+
+    let mut response = if method == "initialize" {
+        initialize(gateway, route, &message, &passed_on).await
+    } else if method == "ping" {
+        rpc_result(id, json!({}))
+    } else if method == "server/discover" {
+        rpc_error(StatusCode::OK, id, METHOD_NOT_FOUND, "server/discover: this gateway speaks the handshake era")
+    } else {
+        let Some(session) = parts.headers.get(SESSION_HEADER) else {
+            let why = "the Mcp-Session-Id header is required: start with `initialize`";
+            return Ok(rpc_error(StatusCode::BAD_REQUEST, id, INVALID_REQUEST, why));
+        };
+        let record_of = session.to_str().ok().map(|s| gateway.settings.mcp_session_keys.open(s, &route.decl.key.to_string()));
+        let session = match record_of {
+            Some(Ok(session)) => session,
+            Some(Err(why)) => return Ok(rpc_error(StatusCode::NOT_FOUND, id, INVALID_REQUEST, &why.to_string())),
+            None => return Ok(rpc_error(StatusCode::NOT_FOUND, id, INVALID_REQUEST, "the session id is not text")),
+        };
+        let key = parts.headers.get(SESSION_HEADER).cloned();
+        in_session(gateway, route, &session, message, method, &passed_on, key, record).await
+    };
+    set_all(response.headers_mut(), &marks);
+    Ok(response)
+}
+
+enum Filtered {
+    /// Go on, with the headers passed on to servers and those set for the
+    /// client's response.
+    Forward(HeaderMap, HeaderMap),
+    Refused(http::Response<Body>),
+}
+
+/// The message through the route's chain. A plugin's refusal becomes a
+/// JSON-RPC error the SDKs raise, except a 401, which stays HTTP so that
+/// clients start OAuth (with the route's resource metadata named).
+async fn filter(
+    route: &McpRoute,
+    parts: &http::request::Parts,
+    message: &mut Message,
+    body: &Bytes,
+    record: &mut RequestRecord,
+) -> Result<Filtered, ApiError> {
+    let passed_on = || {
+        let mut headers = HeaderMap::new();
+        for name in &upstream::PASSED_ON {
+            if let Some(value) = parts.headers.get(name) {
+                headers.insert(name, value.clone());
+            }
+        }
+        headers
+    };
+    if route.chain.is_empty() {
+        return Ok(Filtered::Forward(passed_on(), HeaderMap::new()));
+    }
+    if let Some(name) = sluice_runtime::headers::not_utf8(&parts.headers) {
+        return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
+    }
+    let method = message.method.clone().unwrap_or_default();
+    let tool = message.params().and_then(|p| p.get("name")).and_then(Value::as_str).map(String::from);
+    let arguments = match method.as_str() {
+        "tools/call" => message.params().and_then(|p| p.get("arguments")).map(Value::to_string),
+        _ => None,
+    };
+    let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
+    let mut headers = parts.headers.clone();
+    sluice_runtime::headers::strip_hop_by_hop(&mut headers);
+    let mut request = PluginRequest::new(
+        "POST".into(),
+        path,
+        tool.clone().unwrap_or_default(),
+        route.label.to_string(),
+        headers,
+        sluice_chat::ChatBody::validated(body.clone()),
+    );
+    request.max_body_bytes = body.len().max(route.decl.limits.max_message_bytes);
+    request.mcp = Some(McpRequest { method: method.clone(), tool, arguments, arguments_edited: false });
+    match mcp_filters(&route.chain, &mut request, record).await? {
+        McpFiltered::Respond(response, plugin) => Ok(Filtered::Refused(refusal(route, message, response, &plugin).await)),
+        McpFiltered::Forward(marks) => {
+            apply_edits(message, &mut request, body)?;
+            let mut headers = passed_on();
+            if let Some(consumer) = request.consumer.as_deref().and_then(|c| HeaderValue::from_str(c).ok()) {
+                headers.insert(crate::chain::CONSUMER_HEADER, consumer);
+            }
+            Ok(Filtered::Forward(headers, marks))
+        }
+    }
+}
+
+/// Writes the plugins' edits into the message: a whole new body, which
+/// must stay the same message (method and id), then new tool arguments.
+fn apply_edits(message: &mut Message, request: &mut PluginRequest, original: &Bytes) -> Result<(), ApiError> {
+    if !request.body.is_reading_of(original) {
+        let refused = |why: String| ApiError::plugin_failed("of the chain", format!("its MCP message edit: {why}"));
+        let edited = Message::parse(&request.body.bytes()).map_err(|(_, why)| refused(why))?;
+        if edited.method != message.method || edited.id != message.id {
+            return Err(refused("a plugin may not change a message's method or id".into()));
+        }
+        *message = edited;
+    }
+    if let Some(mcp) = request.mcp.as_ref().filter(|m| m.arguments_edited)
+        && let Some(arguments) = &mcp.arguments
+    {
+        let arguments: Value = serde_json::from_str(arguments)
+            .map_err(|e| ApiError::internal(format!("a plugin's tool arguments are not JSON: {e}")))?;
+        if let Some(params) = message.params_mut() {
+            params.insert("arguments".into(), arguments);
+        }
+    }
+    Ok(())
+}
+
+/// A plugin's answer, as the client of an MCP route gets it.
+async fn refusal(
+    route: &McpRoute,
+    message: &Message,
+    response: http::Response<Body>,
+    plugin: &str,
+) -> http::Response<Body> {
+    let status = response.status();
+    if status == StatusCode::UNAUTHORIZED {
+        let mut response = response;
+        if route.decl.authorization.is_some() {
+            let url = format!("{METADATA_PREFIX}{}", route.decl.path);
+            let value = format!("Bearer resource_metadata=\"{url}\"");
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+            }
+        }
+        return response;
+    }
+    let Some(id) = message.id.clone() else {
+        // A notification has no answer to carry an error: the status says it.
+        return response;
+    };
+    let (parts, body) = response.into_parts();
+    let body = crate::body::collect_limited(body, 64 * 1024, Duration::from_secs(5)).await.unwrap_or_default();
+    let said = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(String::from));
+    let message = said.unwrap_or_else(|| format!("refused by plugin {plugin} (HTTP {})", parts.status.as_u16()));
+    let mut refused = rpc_error(StatusCode::OK, id, REFUSED, &message);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            refused.headers_mut().insert(name, value.clone());
+        }
+    }
+    refused
+}
+
+/// `initialize`: a session with every server, merged into one, sealed
+/// into the id the client gets. A server that cannot be reached is left
+/// out of the session (its tools are not listed) rather than failing it.
+async fn initialize(
+    gateway: &Gateway,
+    route: &McpRoute,
+    message: &Message,
+    passed_on: &HeaderMap,
+) -> http::Response<Body> {
+    let id = message.id.clone().unwrap_or(Value::Null);
+    let Some(params) = message.params() else {
+        return rpc_error(StatusCode::OK, id, INVALID_PARAMS, "initialize needs params");
+    };
+    let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
+    let version = PROTOCOL_VERSIONS.iter().find(|v| **v == asked).copied().unwrap_or(PROTOCOL_VERSIONS[0]);
+    // What is kept of the client's initialize: enough to open a session
+    // with a server again as the client would.
+    let kept = json!({
+        "capabilities": params.get("capabilities").cloned().unwrap_or(json!({})),
+        "clientInfo": params.get("clientInfo").cloned().unwrap_or(json!({"name": "unknown", "version": "0"})),
+    });
+    if kept.to_string().len() > 16 * 1024 {
+        return rpc_error(StatusCode::OK, id, INVALID_PARAMS, "initialize's capabilities and clientInfo are over 16 KiB");
+    }
+    let limit = route.limit(gateway);
+    let opened = futures_util::future::join_all(
+        route.servers.iter().map(|server| upstream::initialize(server, &kept, version, passed_on, limit)),
+    )
+    .await;
+    let mut sessions = Vec::new();
+    let mut capabilities = Vec::new();
+    let mut instructions = Vec::new();
+    for (server, opened) in route.servers.iter().zip(opened) {
+        match opened {
+            Ok((session, result)) => {
+                capabilities.push(result.get("capabilities").cloned().unwrap_or(json!({})));
+                if let Some(text) = result.get("instructions").and_then(Value::as_str) {
+                    instructions.push(format!("{}: {text}", server.name));
+                }
+                sessions.push(session);
+            }
+            Err(error) => tracing::warn!(route = %route.label, %error, "an MCP server is left out of a new session"),
+        }
+    }
+    if sessions.is_empty() && !route.servers.is_empty() {
+        return rpc_error(StatusCode::OK, id, UPSTREAM_ERROR, "no server of this route could be reached");
+    }
+    let record = Record {
+        r: route.decl.key.to_string(),
+        e: session::expiry(route.decl.limits.session_ttl),
+        v: version.into(),
+        i: kept,
+        u: sessions,
+    };
+    let sealed = match gateway.settings.mcp_session_keys.seal(&record) {
+        Ok(sealed) => sealed,
+        Err(why) => return rpc_error(StatusCode::OK, id, INTERNAL_ERROR, &why),
+    };
+    let mut result = json!({
+        "protocolVersion": version,
+        "capabilities": names::merge_capabilities(&capabilities),
+        "serverInfo": {"name": "sluice", "title": route.label.to_string(), "version": env!("CARGO_PKG_VERSION")},
+    });
+    if !instructions.is_empty() {
+        result["instructions"] = Value::String(instructions.join("\n"));
+    }
+    let mut response = rpc_result(id, result);
+    if let Ok(value) = HeaderValue::from_str(&sealed) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response
+}
+
+/// A message in an open session.
+#[allow(clippy::too_many_arguments)]
+async fn in_session(
+    gateway: &Gateway,
+    route: &McpRoute,
+    session: &Record,
+    mut message: Message,
+    method: String,
+    passed_on: &HeaderMap,
+    key: Option<HeaderValue>,
+    record: &mut RequestRecord,
+) -> http::Response<Body> {
+    let id = message.id.clone().unwrap_or(Value::Null);
+    let limit = route.limit(gateway);
+    // The client's answer to a request a server made of it.
+    if message.method.is_none() {
+        let Some((server, original)) = message.id.as_ref().and_then(names::untag_id) else {
+            return accepted();
+        };
+        let Some(server) = route.server(server) else { return accepted() };
+        message.value["id"] = original;
+        return match upstream::post_in_session(server, session, message.bytes(), passed_on, limit).await {
+            Ok(_) => accepted(),
+            Err(error) => failed(route, StatusCode::OK, Value::Null, &error),
+        };
+    }
+    if message.id.is_none() {
+        // A notification concerns every server's session (`initialized`,
+        // `cancelled` for an id only one of them knows, roots changed).
+        let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
+        futures_util::future::join_all(sent.map(|(server, upstream)| upstream::notify(server, upstream, &message.value, passed_on)))
+            .await;
+        return accepted();
+    }
+    if let Some(listing) = Listing::of(&method) {
+        return list(gateway, route, session, &message, listing, passed_on).await;
+    }
+    if method == "logging/setLevel" {
+        let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
+        let set = sent.map(|(server, upstream)| {
+            let bytes = message.bytes();
+            async move { upstream::post(server, Some(upstream), bytes, passed_on).await.map(drop) }
+        });
+        futures_util::future::join_all(set).await;
+        return rpc_result(id, json!({}));
+    }
+    let Some((server, rename)) = target(route, &mut message, &method) else {
+        let why = format!("method `{method}` is not served by this gateway, or names no server of the route");
+        return rpc_error(StatusCode::OK, id, METHOD_NOT_FOUND, &why);
+    };
+    let server = match server {
+        Ok(server) => server,
+        Err((code, why)) => return rpc_error(StatusCode::OK, id, code, &why),
+    };
+    let call = stream::Call {
+        id: id.clone(),
+        tool: (method == "tools/call").then(|| {
+            let name = message.params().and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+            names::prefixed(&server.name, name)
+        }),
+        started: Instant::now(),
+        consumer: record.consumer.clone(),
+    };
+    // A place among the session's streams before the server is asked: an
+    // answer may stream for as long as the tool runs.
+    let share = match key.as_ref() {
+        Some(key) => match gateway.mcp_streams.take(key, route.decl.limits.max_streams_per_session) {
+            Some(share) => Some(share),
+            None => {
+                let why = format!("this session has {} streams open", route.decl.limits.max_streams_per_session);
+                return rpc_error(StatusCode::TOO_MANY_REQUESTS, id, INVALID_REQUEST, &why);
+            }
+        },
+        None => None,
+    };
+    let response = match upstream::post_in_session(server, session, message.bytes(), passed_on, limit).await {
+        Ok((response, _)) => response,
+        Err(error) => {
+            tracing::warn!(route = %route.label, %error, "an MCP server failed a request");
+            return stream::failed_call(route, server, &call, &error.to_string());
+        }
+    };
+    record.backend = Some(Label::from(server.url.as_str()));
+    stream::relay(route, server, response, rename, call, share, limit)
+}
+
+/// The server a request is for, and how its answer is renamed: by the
+/// prefix of its tool or prompt name, or of its resource URI, which is
+/// taken off for the server. `None` for a method not routed by name.
+fn target<'a>(
+    route: &'a McpRoute,
+    message: &mut Message,
+    method: &str,
+) -> Option<(Result<&'a McpServer, (i64, String)>, stream::Rename)> {
+    let (member, rename) = match method {
+        "tools/call" | "prompts/get" => ("name", stream::Rename::None),
+        "resources/read" => ("uri", stream::Rename::Uris),
+        "resources/subscribe" | "resources/unsubscribe" => ("uri", stream::Rename::None),
+        "completion/complete" => return Some((complete_target(route, message), stream::Rename::None)),
+        _ => return None,
+    };
+    let Some(params) = message.params_mut() else {
+        return Some((Err((INVALID_PARAMS, format!("{method} needs params"))), rename));
+    };
+    let Some(Value::String(name)) = params.get(member) else {
+        return Some((Err((INVALID_PARAMS, format!("{method} needs a string `{member}`"))), rename));
+    };
+    let split = if member == "uri" { names::split_uri(name) } else { names::split_name(name) };
+    let unknown = || (INVALID_PARAMS, format!("unknown {}: `{name}`", if member == "uri" { "resource" } else { "name" }));
+    let Some((server, unprefixed)) = split else { return Some((Err(unknown()), rename)) };
+    let Some(found) = route.server(server) else { return Some((Err(unknown()), rename)) };
+    if method == "tools/call" && !route.decl.allows(name) {
+        let why = format!("tool `{name}` is not allowed on this route");
+        return Some((Err((REFUSED, why)), rename));
+    }
+    let unprefixed = unprefixed.to_string();
+    params.insert(member.into(), Value::String(unprefixed));
+    Some((Ok(found), rename))
+}
+
+/// `completion/complete` names a prompt or a resource in its `ref`.
+fn complete_target<'a>(route: &'a McpRoute, message: &mut Message) -> Result<&'a McpServer, (i64, String)> {
+    let bad = || (INVALID_PARAMS, "completion/complete needs a `ref` naming a prompt or a resource".to_string());
+    let reference = message.params_mut().and_then(|p| p.get_mut("ref")).and_then(Value::as_object_mut).ok_or_else(bad)?;
+    let (member, split): (&str, fn(&str) -> Option<(&str, &str)>) = match reference.get("type").and_then(Value::as_str) {
+        Some("ref/prompt") => ("name", names::split_name),
+        Some("ref/resource") => ("uri", names::split_uri),
+        _ => return Err(bad()),
+    };
+    let name = reference.get(member).and_then(Value::as_str).ok_or_else(bad)?.to_string();
+    let (server, unprefixed) = split(&name).ok_or_else(bad)?;
+    let server = route.server(server).ok_or_else(bad)?;
+    reference.insert(member.into(), Value::String(unprefixed.into()));
+    Ok(server)
+}
+
+/// A listing merged from every server of the session: each server's pages
+/// read through (the client gets one page), items renamed, tools filtered
+/// by the route's lists, and at most `max_tools` items in all.
+async fn list(
+    gateway: &Gateway,
+    route: &McpRoute,
+    session: &Record,
+    message: &Message,
+    listing: Listing,
+    passed_on: &HeaderMap,
+) -> http::Response<Body> {
+    let id = message.id.clone().unwrap_or(Value::Null);
+    let limit = route.limit(gateway);
+    let max = route.decl.limits.max_tools;
+    let method = message.method.clone().unwrap_or_default();
+    let listed = route.servers.iter().map(|server| {
+        let method = method.clone();
+        async move { (server, list_one(server, session, &method, listing, passed_on, limit, max).await) }
+    });
+    let mut items = Vec::new();
+    for (server, listed) in futures_util::future::join_all(listed).await {
+        match listed {
+            Ok(listed) => {
+                for mut item in listed {
+                    names::rename_item(listing, &server.name, &mut item);
+                    let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+                    if listing == Listing::Tools && !route.decl.allows(name) {
+                        continue;
+                    }
+                    if items.len() == max {
+                        tracing::warn!(route = %route.label, server = %server.name, max, "an MCP listing was cut at its limit");
+                        break;
+                    }
+                    items.push(item);
+                }
+            }
+            // One server down leaves its items out, not the listing.
+            Err(error) => tracing::warn!(route = %route.label, %error, "an MCP server's listing is left out"),
+        }
+    }
+    let mut result = Map::new();
+    result.insert(listing.member().into(), Value::Array(items));
+    rpc_result(id, Value::Object(result))
+}
+
+/// Every page of one server's listing, at most `max` items and 64 pages.
+async fn list_one(
+    server: &McpServer,
+    session: &Record,
+    method: &str,
+    listing: Listing,
+    passed_on: &HeaderMap,
+    limit: usize,
+    max: usize,
+) -> Result<Vec<Value>, Failure> {
+    let mut items = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for page in 0..64 {
+        let id = json!(format!("sluice-list-{page}"));
+        let params = match &cursor {
+            Some(cursor) => json!({"cursor": cursor}),
+            None => json!({}),
+        };
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let (response, _) = upstream::post_in_session(server, session, Bytes::from(request.to_string()), passed_on, limit).await?;
+        let answer = upstream::answer(&server.name, response, &id, limit, server.timeout).await?;
+        let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
+        if let Some(error) = answer.get("error") {
+            return Err(malformed(&format!("it refused {method}: {error}")));
+        }
+        let result = answer.get("result").ok_or_else(|| malformed("no result"))?;
+        let Some(Value::Array(page)) = result.get(listing.member()) else {
+            return Err(malformed(&format!("its {method} result has no `{}` list", listing.member())));
+        };
+        items.extend(page.iter().take(max.saturating_sub(items.len())).cloned());
+        cursor = result.get("nextCursor").filter(|c| c.is_string()).cloned();
+        if cursor.is_none() || items.len() >= max {
+            break;
+        }
+    }
+    Ok(items)
+}
+
+/// GET: the servers' own streams (messages outside any request) merged
+/// into one, for as long as the client holds it.
+async fn listen(
+    gateway: &Gateway,
+    route: &McpRoute,
+    request: http::Request<Incoming>,
+    record: &mut RequestRecord,
+) -> http::Response<Body> {
+    record.operation = Some("mcp_listen");
+    let (session, key) = match open_session(gateway, route, request.headers()) {
+        Ok(opened) => opened,
+        Err(response) => return response,
+    };
+    let passed_on = request.headers().clone();
+    let mut passed = HeaderMap::new();
+    for name in &upstream::PASSED_ON {
+        if let Some(value) = passed_on.get(name) {
+            passed.insert(name, value.clone());
+        }
+    }
+    let opened = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?))).map(
+        |(server, upstream)| {
+            let passed = &passed;
+            async move { (server, upstream::listen(server, upstream, passed).await) }
+        },
+    );
+    let mut streams = Vec::new();
+    for (server, opened) in futures_util::future::join_all(opened).await {
+        match opened {
+            Ok(Some(response)) => streams.push((server.name.clone(), response)),
+            Ok(None) => {}
+            Err(error) => tracing::debug!(route = %route.label, %error, "an MCP server's stream is left out"),
+        }
+    }
+    if streams.is_empty() {
+        let mut response = http::Response::new(full(Bytes::new()));
+        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        return response;
+    }
+    let max = route.decl.limits.max_streams_per_session;
+    let Some(share) = key.as_ref().and_then(|key| gateway.mcp_streams.take(key, max)) else {
+        let why = format!("this session has {max} streams open");
+        return rpc_error(StatusCode::TOO_MANY_REQUESTS, Value::Null, INVALID_REQUEST, &why);
+    };
+    stream::merged(route, streams, Some(share), route.limit(gateway))
+}
+
+/// DELETE: ends the session on every server. The id itself cannot be
+/// revoked (no replica keeps a list); it expires.
+async fn end(
+    gateway: &Gateway,
+    route: &McpRoute,
+    request: http::Request<Incoming>,
+    record: &mut RequestRecord,
+) -> http::Response<Body> {
+    record.operation = Some("mcp_end");
+    let (session, _) = match open_session(gateway, route, request.headers()) {
+        Ok(opened) => opened,
+        Err(response) => return response,
+    };
+    let ended = route
+        .servers
+        .iter()
+        .filter_map(|server| Some((server, session.upstream(&server.name)?)))
+        .map(|(server, upstream)| upstream::end(server, upstream, request.headers()));
+    futures_util::future::join_all(ended).await;
+    let mut response = http::Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response
+}
+
+fn open_session(
+    gateway: &Gateway,
+    route: &McpRoute,
+    headers: &HeaderMap,
+) -> Result<(Record, Option<HeaderValue>), http::Response<Body>> {
+    let Some(value) = headers.get(SESSION_HEADER) else {
+        return Err(rpc_error(StatusCode::BAD_REQUEST, Value::Null, INVALID_REQUEST, "the Mcp-Session-Id header is required"));
+    };
+    let opened = value.to_str().map_err(|_| session::OpenError::Invalid).and_then(|id| gateway.settings.mcp_session_keys.open(id, &route.decl.key.to_string()));
+    match opened {
+        Ok(session) => Ok((session, Some(value.clone()))),
+        Err(why) => Err(rpc_error(StatusCode::NOT_FOUND, Value::Null, INVALID_REQUEST, &why.to_string())),
+    }
+}
+
+/// How the access log and metrics name what a message does.
+fn operation_of(method: &str) -> &'static str {
+    match method {
+        // The GenAI semantic conventions' name for a tool call.
+        "tools/call" => "execute_tool",
+        "initialize" => "mcp_initialize",
+        "tools/list" => "mcp_tools_list",
+        "prompts/list" | "prompts/get" => "mcp_prompts",
+        "resources/list" | "resources/read" | "resources/templates/list" | "resources/subscribe"
+        | "resources/unsubscribe" => "mcp_resources",
+        _ if method.starts_with("notifications/") => "mcp_notification",
+        _ => "mcp_message",
+    }
+}
+
+fn accepted() -> http::Response<Body> {
+    let mut response = http::Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+}
+
+fn rpc_result(id: Value, result: Value) -> http::Response<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
+    json_response(StatusCode::OK, body.to_string().into_bytes())
+}
+
+/// Every error an MCP client sees goes through here, in JSON-RPC's shape
+/// (the MCP counterpart of [`crate::body::error_response`]).
+pub fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> http::Response<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    json_response(status, body.to_string().into_bytes())
+}
+
+fn failed(route: &McpRoute, status: StatusCode, id: Value, failure: &Failure) -> http::Response<Body> {
+    tracing::warn!(route = %route.label, error = %failure, "an MCP server failed a request");
+    rpc_error(status, id, UPSTREAM_ERROR, &failure.to_string())
+}
+
+#[cfg(test)]
+mod tests;
