@@ -6,6 +6,7 @@
 
 // The MCP gateway: the official MCP Python SDK as client and servers.
 mod mcp;
+mod mcp_hostile;
 mod mcp_kubernetes;
 
 // The proxy: routing, bodies, streams, limits, reloads and failures.

@@ -143,7 +143,9 @@ async fn serve(
             let route = route.clone();
             crate::mcp::serve(gateway, &route, request, record).await
         }
-        (&Method::GET, p) if let Some(route) = p.strip_prefix(crate::mcp::METADATA_PREFIX).and_then(|p| snapshot.mcp_route(p)) => {
+        (&Method::GET, p)
+            if let Some(route) = p.strip_prefix(crate::mcp::METADATA_PREFIX).and_then(|p| snapshot.mcp_route(p)) =>
+        {
             crate::mcp::metadata(route, request.headers()).ok_or_else(|| ApiError::not_found(p))
         }
         (_, p) => Err(ApiError::not_found(p)),

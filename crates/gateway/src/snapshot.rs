@@ -19,8 +19,8 @@ use sluice_telemetry::metrics::ResultLabels;
 use sluice_telemetry::{Label, PluginId};
 
 use crate::backend_api::Adapter;
-use crate::mcp::{McpRoute, McpServer};
 use crate::balance::{Balancer, Budget, Health, now_ms};
+use crate::mcp::{McpRoute, McpServer};
 use crate::target::Target;
 use crate::upstream::UpstreamClient;
 
@@ -592,7 +592,9 @@ fn build_mcp_routes(
     for decl in &desired.mcp_routes {
         let resource = format!("MCPRoute {}", decl.key);
         if let Some(conflict) = conflicts.iter().find(|c| c.resource == resource) {
-            report.mcp_routes.insert(decl.key.clone(), LoadState::failed(reason::PATH_CONFLICT, &conflict.message, None));
+            report
+                .mcp_routes
+                .insert(decl.key.clone(), LoadState::failed(reason::PATH_CONFLICT, &conflict.message, None));
             continue;
         }
         let old = previous_routes.get(&decl.key).map(|r| &***r);
@@ -608,7 +610,9 @@ fn build_mcp_routes(
         report.mcp_routes.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
         match previous_routes.get(&decl.key) {
             Some(route) => {
-                report.errors.push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
+                report
+                    .errors
+                    .push(ResourceError::new(resource, format!("{message}; still serving its last good version")));
                 last_good.push(Arc::clone(route));
             }
             None => report.errors.push(ResourceError::new(resource, message)),

@@ -147,6 +147,11 @@ fn fields(record: &RequestRecord, duration: Duration, line: &mut Line) {
     line.int(key!("output_tokens"), record.tokens.map(|t| t.output));
     line.str(key!("response_model"), record.response_model.as_deref());
     line.str(key!("consumer"), record.consumer.as_deref());
+    // Only on MCP routes: a chat request's line keeps its fields.
+    if let Some(method) = &record.mcp_method {
+        line.str(key!("mcp_method"), Some(method));
+        line.str(key!("tool"), record.tool.as_deref());
+    }
     line.int(key!("response_bytes"), Some(record.response_bytes));
     line.key(key!("plugins"));
     let out = &mut *line.out;

@@ -247,6 +247,10 @@ pub struct RequestRecord {
     pub response_model: Option<String>,
     /// The identity the auth phase gave the caller.
     pub consumer: Option<String>,
+    /// On an MCP route: the JSON-RPC method (at most 64 bytes), and for
+    /// `tools/call` the tool (at most 256): never its arguments.
+    pub mcp_method: Option<String>,
+    pub tool: Option<String>,
     pub attempts: Vec<Attempt>,
     pub plugins: Vec<PluginCalls>,
     /// Plugins' outbound calls, for the trace.
@@ -279,6 +283,8 @@ impl RequestRecord {
             tokens: None,
             response_model: None,
             consumer: None,
+            mcp_method: None,
+            tool: None,
             requested_model: None,
             attempts: Vec::new(),
             plugins: Vec::new(),

@@ -367,8 +367,10 @@ fn spans(record: &RequestRecord, duration: Duration) -> Vec<SpanData> {
 
     // The server span. Named as GenAI spans are for the endpoints that
     // forward to a model, as HTTP server spans are otherwise.
-    let name = match (record.operation, &record.model) {
-        (Some(operation), Some(model)) => format!("{operation} {model}"),
+    let name = match (record.operation, &record.model, &record.tool) {
+        (Some(operation), Some(model), _) => format!("{operation} {model}"),
+        // The GenAI conventions' name for a tool call's span.
+        (_, _, Some(tool)) => format!("execute_tool {tool}"),
         _ => format!("{} {}", record.method, record.path),
     };
     let mut server = span(server_id, SpanKind::Server, name, (Duration::ZERO, duration));
@@ -387,6 +389,13 @@ fn spans(record: &RequestRecord, duration: Duration) -> Vec<SpanData> {
     }
     if let Some(model) = &record.model {
         attributes.push(KeyValue::new("gen_ai.request.model", label(model)));
+    }
+    if let Some(tool) = &record.tool {
+        attributes.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+        attributes.push(KeyValue::new("gen_ai.tool.name", text(tool)));
+    }
+    if let Some(method) = &record.mcp_method {
+        attributes.push(KeyValue::new("mcp.method.name", text(method)));
     }
     if let Some(model) = &record.response_model {
         attributes.push(KeyValue::new("gen_ai.response.model", text(model)));

@@ -5,6 +5,7 @@
 //! chain before it reaches a server ([`upstream`]); streams are relayed
 //! event by event ([`stream`]).
 
+mod modern;
 mod names;
 pub mod session;
 mod stream;
@@ -48,6 +49,8 @@ const INTERNAL_ERROR: i64 = -32603;
 const UPSTREAM_ERROR: i64 = -32002;
 /// A plugin or the route's tool lists refused the call.
 const REFUSED: i64 = -32001;
+/// MCP's "unsupported protocol version".
+const UNSUPPORTED_VERSION: i64 = -32022;
 
 /// An MCP route, built for serving.
 pub struct McpRoute {
@@ -192,11 +195,13 @@ async fn post(
             "an MCP message is POSTed as application/json",
         ));
     }
-    if let Some(version) = request.headers().get(VERSION_HEADER) {
+    let modern = request.headers().get(VERSION_HEADER).is_some_and(|v| v == modern::MODERN);
+    if let Some(version) = request.headers().get(VERSION_HEADER).filter(|_| !modern) {
         let known = version.to_str().ok().is_some_and(|v| PROTOCOL_VERSIONS.contains(&v));
         if !known {
-            let message = format!("unsupported MCP-Protocol-Version; this gateway speaks {}", PROTOCOL_VERSIONS.join(", "));
-            return Ok(rpc_error(StatusCode::BAD_REQUEST, Value::Null, INVALID_REQUEST, &message));
+            // A 2026-07-28 client's `server/discover` probe lands here: the
+            // versions named send it back to `initialize`.
+            return Ok(unsupported_version(version));
         }
     }
     let limit = route.limit(gateway);
@@ -208,7 +213,12 @@ async fn post(
     };
     let id = message.id.clone().unwrap_or(Value::Null);
     let method = message.method.clone().unwrap_or_default();
-    record.operation = Some(operation_of(&method));
+    record.mcp_method = Some(method[..method.floor_char_boundary(64)].to_string());
+    if method == "tools/call"
+        && let Some(tool) = message.params().and_then(|p| p.get("name")).and_then(Value::as_str)
+    {
+        record.tool = Some(tool[..tool.floor_char_boundary(256)].to_string());
+    }
 
     // Every message passes the chain, `initialize` included: the auth
     // plugin sees each, as it sees each chat request.
@@ -219,7 +229,9 @@ async fn post(
     };
     let (passed_on, marks) = headers.unwrap_or_default();
 
-    let mut response = if method == "initialize" {
+    let mut response = if modern {
+        modern::handle(gateway, route, message, &parts.headers, &passed_on, record).await
+    } else if method == "initialize" {
         initialize(gateway, route, &message, &passed_on).await
     } else if method == "ping" {
         rpc_result(id, json!({}))
@@ -230,7 +242,8 @@ async fn post(
             let why = "the Mcp-Session-Id header is required: start with `initialize`";
             return Ok(rpc_error(StatusCode::BAD_REQUEST, id, INVALID_REQUEST, why));
         };
-        let record_of = session.to_str().ok().map(|s| gateway.settings.mcp_session_keys.open(s, &route.decl.key.to_string()));
+        let record_of =
+            session.to_str().ok().map(|s| gateway.settings.mcp_session_keys.open(s, &route.decl.key.to_string()));
         let session = match record_of {
             Some(Ok(session)) => session,
             Some(Err(why)) => return Ok(rpc_error(StatusCode::NOT_FOUND, id, INVALID_REQUEST, &why.to_string())),
@@ -260,15 +273,7 @@ async fn filter(
     body: &Bytes,
     record: &mut RequestRecord,
 ) -> Result<Filtered, ApiError> {
-    let passed_on = || {
-        let mut headers = HeaderMap::new();
-        for name in &upstream::PASSED_ON {
-            if let Some(value) = parts.headers.get(name) {
-                headers.insert(name, value.clone());
-            }
-        }
-        headers
-    };
+    let passed_on = || passed_on(&parts.headers);
     if route.chain.is_empty() {
         return Ok(Filtered::Forward(passed_on(), HeaderMap::new()));
     }
@@ -295,7 +300,9 @@ async fn filter(
     request.max_body_bytes = body.len().max(route.decl.limits.max_message_bytes);
     request.mcp = Some(McpRequest { method: method.clone(), tool, arguments, arguments_edited: false });
     match mcp_filters(&route.chain, &mut request, record).await? {
-        McpFiltered::Respond(response, plugin) => Ok(Filtered::Refused(refusal(route, message, response, &plugin).await)),
+        McpFiltered::Respond(response, plugin) => {
+            Ok(Filtered::Refused(refusal(route, &parts.headers, message, response, &plugin).await))
+        }
         McpFiltered::Forward(marks) => {
             apply_edits(message, &mut request, body)?;
             let mut headers = passed_on();
@@ -305,6 +312,17 @@ async fn filter(
             Ok(Filtered::Forward(headers, marks))
         }
     }
+}
+
+/// The headers of a client's request that reach its servers.
+fn passed_on(headers: &HeaderMap) -> HeaderMap {
+    let mut passed = HeaderMap::new();
+    for name in &upstream::PASSED_ON {
+        if let Some(value) = headers.get(name) {
+            passed.insert(name, value.clone());
+        }
+    }
+    passed
 }
 
 /// Writes the plugins' edits into the message: a whole new body, which
@@ -333,6 +351,7 @@ fn apply_edits(message: &mut Message, request: &mut PluginRequest, original: &By
 /// A plugin's answer, as the client of an MCP route gets it.
 async fn refusal(
     route: &McpRoute,
+    request_headers: &HeaderMap,
     message: &Message,
     response: http::Response<Body>,
     plugin: &str,
@@ -341,8 +360,16 @@ async fn refusal(
     if status == StatusCode::UNAUTHORIZED {
         let mut response = response;
         if route.decl.authorization.is_some() {
-            let url = format!("{METADATA_PREFIX}{}", route.decl.path);
-            let value = format!("Bearer resource_metadata=\"{url}\"");
+            // The challenge the plugin wrote (its realm, `error=`), with
+            // where the metadata is: MCP clients start OAuth from it.
+            let url = resource_url(request_headers, &format!("{METADATA_PREFIX}{}", route.decl.path));
+            let said = response.headers().get(header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok());
+            let value = match said {
+                Some(said) if said.len() > 7 && said[..7].eq_ignore_ascii_case("bearer ") => {
+                    format!("{said}, resource_metadata=\"{url}\"")
+                }
+                _ => format!("Bearer resource_metadata=\"{url}\""),
+            };
             if let Ok(value) = HeaderValue::from_str(&value) {
                 response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
             }
@@ -390,7 +417,12 @@ async fn initialize(
         "clientInfo": params.get("clientInfo").cloned().unwrap_or(json!({"name": "unknown", "version": "0"})),
     });
     if kept.to_string().len() > 16 * 1024 {
-        return rpc_error(StatusCode::OK, id, INVALID_PARAMS, "initialize's capabilities and clientInfo are over 16 KiB");
+        return rpc_error(
+            StatusCode::OK,
+            id,
+            INVALID_PARAMS,
+            "initialize's capabilities and clientInfo are over 16 KiB",
+        );
     }
     let limit = route.limit(gateway);
     let opened = futures_util::future::join_all(
@@ -471,12 +503,14 @@ async fn in_session(
         // A notification concerns every server's session (`initialized`,
         // `cancelled` for an id only one of them knows, roots changed).
         let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
-        futures_util::future::join_all(sent.map(|(server, upstream)| upstream::notify(server, upstream, &message.value, passed_on)))
-            .await;
+        futures_util::future::join_all(
+            sent.map(|(server, upstream)| upstream::notify(server, upstream, &message.value, passed_on)),
+        )
+        .await;
         return accepted();
     }
     if let Some(listing) = Listing::of(&method) {
-        return list(gateway, route, session, &message, listing, passed_on).await;
+        return list(gateway, route, Via::Session { record: session, passed_on }, &message, listing).await;
     }
     if method == "logging/setLevel" {
         let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
@@ -549,7 +583,8 @@ fn target<'a>(
         return Some((Err((INVALID_PARAMS, format!("{method} needs a string `{member}`"))), rename));
     };
     let split = if member == "uri" { names::split_uri(name) } else { names::split_name(name) };
-    let unknown = || (INVALID_PARAMS, format!("unknown {}: `{name}`", if member == "uri" { "resource" } else { "name" }));
+    let unknown =
+        || (INVALID_PARAMS, format!("unknown {}: `{name}`", if member == "uri" { "resource" } else { "name" }));
     let Some((server, unprefixed)) = split else { return Some((Err(unknown()), rename)) };
     let Some(found) = route.server(server) else { return Some((Err(unknown()), rename)) };
     if method == "tools/call" && !route.decl.allows(name) {
@@ -564,8 +599,10 @@ fn target<'a>(
 /// `completion/complete` names a prompt or a resource in its `ref`.
 fn complete_target<'a>(route: &'a McpRoute, message: &mut Message) -> Result<&'a McpServer, (i64, String)> {
     let bad = || (INVALID_PARAMS, "completion/complete needs a `ref` naming a prompt or a resource".to_string());
-    let reference = message.params_mut().and_then(|p| p.get_mut("ref")).and_then(Value::as_object_mut).ok_or_else(bad)?;
-    let (member, split): (&str, fn(&str) -> Option<(&str, &str)>) = match reference.get("type").and_then(Value::as_str) {
+    let reference =
+        message.params_mut().and_then(|p| p.get_mut("ref")).and_then(Value::as_object_mut).ok_or_else(bad)?;
+    let (member, split): (&str, fn(&str) -> Option<(&str, &str)>) = match reference.get("type").and_then(Value::as_str)
+    {
         Some("ref/prompt") => ("name", names::split_name),
         Some("ref/resource") => ("uri", names::split_uri),
         _ => return Err(bad()),
@@ -580,13 +617,20 @@ fn complete_target<'a>(route: &'a McpRoute, message: &mut Message) -> Result<&'a
 /// A listing merged from every server of the session: each server's pages
 /// read through (the client gets one page), items renamed, tools filtered
 /// by the route's lists, and at most `max_tools` items in all.
+/// How requests reach a server: in the client's session (the handshake
+/// era), or each standing alone with the client's `_meta` (2026-07-28).
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    Session { record: &'a Record, passed_on: &'a HeaderMap },
+    Modern { meta: &'a Value, headers: &'a HeaderMap },
+}
+
 async fn list(
     gateway: &Gateway,
     route: &McpRoute,
-    session: &Record,
+    via: Via<'_>,
     message: &Message,
     listing: Listing,
-    passed_on: &HeaderMap,
 ) -> http::Response<Body> {
     let id = message.id.clone().unwrap_or(Value::Null);
     let limit = route.limit(gateway);
@@ -594,7 +638,7 @@ async fn list(
     let method = message.method.clone().unwrap_or_default();
     let listed = route.servers.iter().map(|server| {
         let method = method.clone();
-        async move { (server, list_one(server, session, &method, listing, passed_on, limit, max).await) }
+        async move { (server, list_one(server, via, &method, listing, limit, max).await) }
     });
     let mut items = Vec::new();
     for (server, listed) in futures_util::future::join_all(listed).await {
@@ -619,16 +663,22 @@ async fn list(
     }
     let mut result = Map::new();
     result.insert(listing.member().into(), Value::Array(items));
+    if let Via::Modern { .. } = via {
+        // 2026-07-28's result fields. A listing merged from several servers
+        // is nobody's to cache: private, for no time.
+        result.insert("cacheScope".into(), json!("private"));
+        result.insert("ttlMs".into(), json!(0));
+        result.insert("resultType".into(), json!("complete"));
+    }
     rpc_result(id, Value::Object(result))
 }
 
 /// Every page of one server's listing, at most `max` items and 64 pages.
 async fn list_one(
     server: &McpServer,
-    session: &Record,
+    via: Via<'_>,
     method: &str,
     listing: Listing,
-    passed_on: &HeaderMap,
     limit: usize,
     max: usize,
 ) -> Result<Vec<Value>, Failure> {
@@ -636,12 +686,20 @@ async fn list_one(
     let mut cursor: Option<Value> = None;
     for page in 0..64 {
         let id = json!(format!("sluice-list-{page}"));
-        let params = match &cursor {
-            Some(cursor) => json!({"cursor": cursor}),
-            None => json!({}),
+        let response = match via {
+            Via::Session { record, passed_on } => {
+                let params = match &cursor {
+                    Some(cursor) => json!({"cursor": cursor}),
+                    None => json!({}),
+                };
+                let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+                upstream::post_in_session(server, record, Bytes::from(request.to_string()), passed_on, limit).await?.0
+            }
+            Via::Modern { meta, headers } => {
+                let request = modern::list_request(&id, method, meta, cursor.as_ref());
+                upstream::post(server, None, request, headers).await?
+            }
         };
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let (response, _) = upstream::post_in_session(server, session, Bytes::from(request.to_string()), passed_on, limit).await?;
         let answer = upstream::answer(&server.name, response, &id, limit, server.timeout).await?;
         let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
         if let Some(error) = answer.get("error") {
@@ -668,18 +726,12 @@ async fn listen(
     request: http::Request<Incoming>,
     record: &mut RequestRecord,
 ) -> http::Response<Body> {
-    record.operation = Some("mcp_listen");
+    record.mcp_method = Some("GET".into());
     let (session, key) = match open_session(gateway, route, request.headers()) {
         Ok(opened) => opened,
         Err(response) => return response,
     };
-    let passed_on = request.headers().clone();
-    let mut passed = HeaderMap::new();
-    for name in &upstream::PASSED_ON {
-        if let Some(value) = passed_on.get(name) {
-            passed.insert(name, value.clone());
-        }
-    }
+    let passed = passed_on(request.headers());
     let opened = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?))).map(
         |(server, upstream)| {
             let passed = &passed;
@@ -715,16 +767,17 @@ async fn end(
     request: http::Request<Incoming>,
     record: &mut RequestRecord,
 ) -> http::Response<Body> {
-    record.operation = Some("mcp_end");
+    record.mcp_method = Some("DELETE".into());
     let (session, _) = match open_session(gateway, route, request.headers()) {
         Ok(opened) => opened,
         Err(response) => return response,
     };
+    let passed = passed_on(request.headers());
     let ended = route
         .servers
         .iter()
         .filter_map(|server| Some((server, session.upstream(&server.name)?)))
-        .map(|(server, upstream)| upstream::end(server, upstream, request.headers()));
+        .map(|(server, upstream)| upstream::end(server, upstream, &passed));
     futures_util::future::join_all(ended).await;
     let mut response = http::Response::new(full(Bytes::new()));
     *response.status_mut() = StatusCode::NO_CONTENT;
@@ -737,28 +790,33 @@ fn open_session(
     headers: &HeaderMap,
 ) -> Result<(Record, Option<HeaderValue>), http::Response<Body>> {
     let Some(value) = headers.get(SESSION_HEADER) else {
-        return Err(rpc_error(StatusCode::BAD_REQUEST, Value::Null, INVALID_REQUEST, "the Mcp-Session-Id header is required"));
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            Value::Null,
+            INVALID_REQUEST,
+            "the Mcp-Session-Id header is required",
+        ));
     };
-    let opened = value.to_str().map_err(|_| session::OpenError::Invalid).and_then(|id| gateway.settings.mcp_session_keys.open(id, &route.decl.key.to_string()));
+    let opened = value
+        .to_str()
+        .map_err(|_| session::OpenError::Invalid)
+        .and_then(|id| gateway.settings.mcp_session_keys.open(id, &route.decl.key.to_string()));
     match opened {
         Ok(session) => Ok((session, Some(value.clone()))),
         Err(why) => Err(rpc_error(StatusCode::NOT_FOUND, Value::Null, INVALID_REQUEST, &why.to_string())),
     }
 }
 
-/// How the access log and metrics name what a message does.
-fn operation_of(method: &str) -> &'static str {
-    match method {
-        // The GenAI semantic conventions' name for a tool call.
-        "tools/call" => "execute_tool",
-        "initialize" => "mcp_initialize",
-        "tools/list" => "mcp_tools_list",
-        "prompts/list" | "prompts/get" => "mcp_prompts",
-        "resources/list" | "resources/read" | "resources/templates/list" | "resources/subscribe"
-        | "resources/unsubscribe" => "mcp_resources",
-        _ if method.starts_with("notifications/") => "mcp_notification",
-        _ => "mcp_message",
-    }
+/// MCP's answer to a revision it does not speak (-32022), naming those it
+/// does.
+fn unsupported_version(asked: &HeaderValue) -> http::Response<Body> {
+    let asked = String::from_utf8_lossy(asked.as_bytes());
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {
+        "code": UNSUPPORTED_VERSION,
+        "message": format!("unsupported MCP-Protocol-Version `{asked}`; this gateway speaks {}", PROTOCOL_VERSIONS.join(", ")),
+        "data": {"supported": PROTOCOL_VERSIONS, "requested": asked},
+    }});
+    json_response(StatusCode::BAD_REQUEST, body.to_string().into_bytes())
 }
 
 fn accepted() -> http::Response<Body> {

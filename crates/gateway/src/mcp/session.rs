@@ -144,7 +144,8 @@ impl SessionKeys {
 
     pub fn read(path: &Path) -> Result<Self, KeyError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: shown.clone(), error: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| KeyError::Read { path: shown.clone(), error: e.to_string() })?;
         Self::parse(&text, &shown)
     }
 
@@ -217,7 +218,12 @@ mod tests {
             e: expiry(Duration::from_secs(60)),
             v: "2025-11-25".into(),
             i: serde_json::json!({"clientInfo": {"name": "t", "version": "1"}, "capabilities": {}}),
-            u: vec![Upstream { n: "a".into(), u: "http://127.0.0.1:1/mcp".into(), s: Some("abc".into()), v: "2025-06-18".into() }],
+            u: vec![Upstream {
+                n: "a".into(),
+                u: "http://127.0.0.1:1/mcp".into(),
+                s: Some("abc".into()),
+                v: "2025-06-18".into(),
+            }],
         }
     }
 

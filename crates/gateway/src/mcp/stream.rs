@@ -14,14 +14,14 @@ use http::{HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::Value;
-use sluice_telemetry::metrics::{McpCallLabels, McpDurationLabels, metrics};
 use sluice_telemetry::Label;
+use sluice_telemetry::metrics::{McpCallLabels, McpDurationLabels, metrics};
 
 use super::names;
 use super::upstream::is_stream;
 use super::{McpRoute, McpServer, UPSTREAM_ERROR, rpc_error};
 use crate::body::{Body, BoxError};
-use crate::sse::{EventSplitter, data_of, data_event, with_data};
+use crate::sse::{EventSplitter, data_event, data_of, with_data};
 
 /// How a request's answer is renamed for the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,8 +86,7 @@ pub fn count_call(route: &Label, server: &Label, call: &Call, result: &'static s
     let m = metrics();
     let tool = m.tool_label(call.tool.as_deref().unwrap_or_default());
     let consumer = m.consumer_label(call.consumer.as_deref().unwrap_or_default());
-    let labels =
-        McpCallLabels { route: route.clone(), server: server.clone(), tool: tool.clone(), consumer, result };
+    let labels = McpCallLabels { route: route.clone(), server: server.clone(), tool: tool.clone(), consumer, result };
     m.mcp_calls.get_or_create(&labels).inc();
     let duration = McpDurationLabels { route: route.clone(), server: server.clone(), tool };
     sluice_telemetry::metrics::observe(&m.mcp_call_duration.get_or_create(&duration), call.started.elapsed());
@@ -229,9 +228,8 @@ fn relay_json(
             Ok(bytes) => bytes,
             Err(why) => return fail(why),
         };
-        let Some((message, _)) = std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|text| renamed(&server, text, Some((&call.id, rename))))
+        let Some((message, _)) =
+            std::str::from_utf8(&bytes).ok().and_then(|text| renamed(&server, text, Some((&call.id, rename))))
         else {
             return fail("its answer is not a JSON-RPC message".into());
         };
@@ -372,4 +370,3 @@ pub fn failed_call(route: &McpRoute, server: &McpServer, call: &Call, why: &str)
     count_call(&route.label, &Label::from(server.name.as_str()), call, "error");
     rpc_error(StatusCode::OK, call.id.clone(), UPSTREAM_ERROR, why)
 }
-

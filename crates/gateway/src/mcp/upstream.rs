@@ -38,8 +38,11 @@ pub enum Failure {
 /// The headers of the client's request that reach a server: trace context
 /// and request id. Never its credentials: the auth plugin consumed them,
 /// and a server gets its own (`apiKey`).
-pub const PASSED_ON: [HeaderName; 3] =
-    [HeaderName::from_static("traceparent"), HeaderName::from_static("tracestate"), HeaderName::from_static("x-request-id")];
+pub const PASSED_ON: [HeaderName; 3] = [
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    HeaderName::from_static("x-request-id"),
+];
 
 /// Sends one message to `server`, in its session if it has one, and
 /// returns the response head once it arrives (within the server's
@@ -100,10 +103,9 @@ pub async fn end(server: &McpServer, session: &Upstream, passed_on: &HeaderMap) 
 }
 
 fn session_headers(headers: &mut HeaderMap, server: &McpServer, session: Option<&Upstream>, passed_on: &HeaderMap) {
-    for name in &PASSED_ON {
-        if let Some(value) = passed_on.get(name) {
-            headers.insert(name, value.clone());
-        }
+    // Chosen by the caller: trace context, request id, the consumer.
+    for (name, value) in passed_on {
+        headers.insert(name, value.clone());
     }
     if let Some(credential) = &server.credential {
         headers.insert(header::AUTHORIZATION, credential.clone());
@@ -194,7 +196,8 @@ pub async fn answer(
         }
     }
     if streamed {
-        if let Some(answer) = splitter.remainder().and_then(|rest| data_of(&rest)).and_then(|data| answer_in(&data, id)) {
+        if let Some(answer) = splitter.remainder().and_then(|rest| data_of(&rest)).and_then(|data| answer_in(&data, id))
+        {
             return Ok(answer);
         }
         return Err(malformed("its stream ended without the answer".into()));
