@@ -19,6 +19,7 @@ const PROGRAMS: &[(&str, &str, &str)] = &[
     ("stateful", "stateful", "wasm32-unknown-unknown"),
     ("token-quota", "token_quota", "wasm32-unknown-unknown"),
     ("caller", "caller", "wasm32-unknown-unknown"),
+    ("mcp-policy", "mcp_policy", "wasm32-unknown-unknown"),
     ("hostile", "hostile", "wasm32-wasip2"),
 ];
 
@@ -36,6 +37,7 @@ fn main() {
         "context-trim",
         "prompt-guard",
         "token-quota",
+        "mcp-policy",
         "testing",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(input).display());

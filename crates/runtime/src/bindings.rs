@@ -1,10 +1,10 @@
 //! The generated bindings of the two versions of the plugin world the
-//! runtime serves: `sluice:plugin@0.3.1` (`wit/`), whose types are the
+//! runtime serves: `sluice:plugin@0.3.3` (`wit/`), whose types are the
 //! runtime's own, and `0.2.0` (`wit/v0.2/`, frozen), whose components keep
 //! loading unchanged (`versions.rs` translates their calls). A component
-//! built for 0.3.0 links against 0.3.1 as it is: wasmtime matches its
-//! imports and exports to the newest compatible version (0.3.x), and 0.3.1
-//! only added to 0.3.0.
+//! built for 0.3.0, 0.3.1 or 0.3.2 links against 0.3.3 as it is: wasmtime
+//! matches its imports and exports to the newest compatible version
+//! (0.3.x), and each 0.3 version only added to the one before.
 
 pub(crate) mod v3 {
     wasmtime::component::bindgen!({

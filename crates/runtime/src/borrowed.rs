@@ -25,7 +25,7 @@ use crate::request::PluginRequest;
 /// bindings serve (`wit/plugin.wit`), to which components built for earlier
 /// 0.3 versions link too. Any other name would define a second instance
 /// beside the bindings' one, without the `request` resource.
-const TYPES: &str = "sluice:plugin/types@0.3.2";
+const TYPES: &str = "sluice:plugin/types@0.3.3";
 
 /// Names up to this long are copied onto the stack; longer ones (which are
 /// rare and may be invalid) onto the heap.

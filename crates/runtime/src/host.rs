@@ -460,6 +460,27 @@ impl wit::HostRequest for PluginState {
         Ok(())
     }
 
+    fn kind(&mut self, this: Handle) -> wasmtime::Result<wit::RequestKind> {
+        Ok(if self.request(&this)?.is_mcp() { wit::RequestKind::Mcp } else { wit::RequestKind::Chat })
+    }
+
+    fn mcp_method(&mut self, this: Handle) -> wasmtime::Result<Option<String>> {
+        Ok(self.request(&this)?.mcp.as_ref().map(|mcp| mcp.method.clone()))
+    }
+
+    fn tool_name(&mut self, this: Handle) -> wasmtime::Result<Option<String>> {
+        Ok(self.request(&this)?.mcp.as_ref().and_then(|mcp| mcp.tool.clone()))
+    }
+
+    fn tool_arguments(&mut self, this: Handle) -> wasmtime::Result<Option<String>> {
+        Ok(self.request(&this)?.mcp.as_ref().and_then(|mcp| mcp.arguments.clone()))
+    }
+
+    fn set_tool_arguments(&mut self, this: Handle, arguments: String) -> wasmtime::Result<()> {
+        self.request(&this)?.set_tool_arguments(arguments);
+        Ok(())
+    }
+
     /// The host owns every request; the guest only ever borrows one.
     fn drop(&mut self, _this: Handle) -> wasmtime::Result<()> {
         Ok(())

@@ -741,3 +741,9 @@ impl Drop for PluginInstance {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod mcp_tests;
+
+#[cfg(test)]
+mod versions_tests;

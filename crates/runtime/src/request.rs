@@ -68,6 +68,11 @@ impl PluginRequest {
         PluginRequest::new(method, path, model.into(), "default/chat".into(), headers, body)
     }
 
+    /// Whether this is MCP traffic (`request.kind`).
+    pub fn is_mcp(&self) -> bool {
+        self.mcp.is_some()
+    }
+
     /// Why the current call's edits cannot stand, if they cannot: the first
     /// edit refused during the call (a body over the limit included). Cleared.
     pub(crate) fn take_invalid(&mut self) -> Option<String> {
@@ -121,6 +126,35 @@ impl PluginRequest {
     pub(crate) fn set_backend(&mut self, name: String) {
         if !self.refused() {
             self.backend = Some(name);
+        }
+    }
+
+    /// A `tools/call`'s arguments replaced (`set-tool-arguments`): only on
+    /// one, only with a JSON object, within the body limit. The gateway
+    /// writes them into the message it forwards (`arguments_edited`).
+    pub(crate) fn set_tool_arguments(&mut self, arguments: String) {
+        if self.refused() {
+            return;
+        }
+        let max = self.max_body_bytes;
+        let Some(mcp) = self.mcp.as_mut().filter(|mcp| mcp.method == "tools/call") else {
+            return self.refuse("set-tool-arguments: the request is not an MCP tools/call".into());
+        };
+        if arguments.len() > max {
+            let len = arguments.len();
+            return self
+                .refuse(format!("set-tool-arguments: the arguments ({len} bytes) are over the limit of {max} bytes"));
+        }
+        // Checked as `set-field`'s values are (one value, no name twice),
+        // without building it: the text is kept as given.
+        let is_object = arguments.trim_start().starts_with('{');
+        match sluice_chat::check_json(arguments.as_bytes()) {
+            Ok(()) if is_object => {
+                mcp.arguments = Some(arguments);
+                mcp.arguments_edited = true;
+            }
+            Ok(()) => self.refuse("set-tool-arguments: the arguments are JSON but not an object".into()),
+            Err(e) => self.refuse(format!("set-tool-arguments: the arguments are not JSON: {e}")),
         }
     }
 

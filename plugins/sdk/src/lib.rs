@@ -84,7 +84,7 @@ pub mod bindings {
 }
 
 pub use bindings::sluice::plugin::types::{
-    ChunkAction, DirectResponse, Hooks, LogLevel, Response, ResponseSummary, Usage,
+    ChunkAction, DirectResponse, Hooks, LogLevel, RequestKind, Response, ResponseSummary, Usage,
 };
 pub use serde_json;
 
@@ -96,8 +96,8 @@ pub mod prelude {
     pub use crate::chat::{Content, ContentPart, Message};
     pub use crate::host;
     pub use crate::{
-        Action, ApiError, ChunkAction, HeaderEdits, HeaderList, Hooks, LogLevel, Plugin, Request, Response,
-        ResponseSummary, export_plugin,
+        Action, ApiError, ChunkAction, HeaderEdits, HeaderList, Hooks, LogLevel, Plugin, Request, RequestKind,
+        Response, ResponseSummary, export_plugin,
     };
 }
 

@@ -22,6 +22,8 @@ pub(crate) struct State {
     pub headers: Vec<(String, String)>,
     pub body: ChatBody,
     pub response_headers: Vec<(String, String)>,
+    /// Set on MCP traffic, as the gateway sets it.
+    pub mcp: Option<Mcp>,
     /// What `set-model` and `set-backend` chose.
     pub routed_model: Option<String>,
     pub routed_backend: Option<String>,
@@ -41,6 +43,7 @@ impl NativeRequest {
             model: model.into(),
             route: "default/chat".into(),
             consumer: None,
+            mcp: None,
             headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())).collect(),
             body: ChatBody::new(Bytes::from(body)),
             response_headers: Vec::new(),
@@ -186,6 +189,53 @@ impl NativeRequest {
                 return s.invalid_edits.push("set-backend: no backend has an empty name".into());
             }
             s.routed_backend = Some(name.to_string());
+        })
+    }
+}
+
+/// An MCP message as the gateway describes it to plugins.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Mcp {
+    pub method: String,
+    pub tool: Option<String>,
+    pub arguments: Option<String>,
+    /// Whether `set-tool-arguments` replaced them.
+    pub arguments_edited: bool,
+}
+
+impl NativeRequest {
+    pub fn kind(&self) -> crate::RequestKind {
+        self.call("kind", None, |s| if s.mcp.is_some() { crate::RequestKind::Mcp } else { crate::RequestKind::Chat })
+    }
+
+    pub fn mcp_method(&self) -> Option<String> {
+        self.call("mcp-method", None, |s| s.mcp.as_ref().map(|mcp| mcp.method.clone()))
+    }
+
+    pub fn tool_name(&self) -> Option<String> {
+        self.call("tool-name", None, |s| s.mcp.as_ref().and_then(|mcp| mcp.tool.clone()))
+    }
+
+    pub fn tool_arguments(&self) -> Option<String> {
+        self.call("tool-arguments", None, |s| s.mcp.as_ref().and_then(|mcp| mcp.arguments.clone()))
+    }
+
+    /// Refused as the host refuses it: not a `tools/call`, or not a JSON
+    /// object (the host's body limit is not modelled).
+    pub fn set_tool_arguments(&self, arguments: &str) {
+        self.call("set-tool-arguments", None, |s| {
+            let Some(mcp) = s.mcp.as_mut().filter(|mcp| mcp.method == "tools/call") else {
+                return s.invalid_edits.push("set-tool-arguments: the request is not an MCP tools/call".into());
+            };
+            let is_object = arguments.trim_start().starts_with('{');
+            match sluice_chat::check_json(arguments.as_bytes()) {
+                Ok(()) if is_object => {
+                    mcp.arguments = Some(arguments.to_string());
+                    mcp.arguments_edited = true;
+                }
+                Ok(()) => s.invalid_edits.push("set-tool-arguments: the arguments are JSON but not an object".into()),
+                Err(e) => s.invalid_edits.push(format!("set-tool-arguments: the arguments are not JSON: {e}")),
+            }
         })
     }
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::ApiError;
+use crate::RequestKind;
 use crate::chat::{Content, Message};
 
 #[cfg(target_arch = "wasm32")]
@@ -193,6 +194,63 @@ impl Request {
     /// backends. An unknown name fails the plugin. Needs 0.3.2.
     pub fn set_backend(&self, name: &str) {
         self.0.set_backend(name)
+    }
+
+    /// Whether this is a chat request or an MCP message. Needs a gateway
+    /// serving 0.3.3.
+    pub fn kind(&self) -> RequestKind {
+        self.0.kind()
+    }
+
+    /// Whether this is an MCP message (to an MCPRoute): the body is then
+    /// the JSON-RPC message, [`Request::model`] the tool's name (or empty).
+    /// Needs 0.3.3.
+    pub fn is_mcp(&self) -> bool {
+        self.kind() == RequestKind::Mcp
+    }
+
+    /// An MCP message's JSON-RPC method (`tools/call`, `tools/list`, ...);
+    /// `None` on a chat request. Needs 0.3.3.
+    pub fn mcp_method(&self) -> Option<String> {
+        self.0.mcp_method()
+    }
+
+    /// For `tools/call`, the tool with its server's prefix
+    /// (`weather__forecast`). Needs 0.3.3.
+    pub fn tool_name(&self) -> Option<String> {
+        self.0.tool_name()
+    }
+
+    /// For `tools/call`, the call's `arguments` as JSON object text, as the
+    /// plugins before this one left them. Needs 0.3.3.
+    pub fn tool_arguments(&self) -> Option<String> {
+        self.0.tool_arguments()
+    }
+
+    /// For `tools/call`, the arguments as a JSON object (`None` for any
+    /// other request); a 400 if they are not one.
+    pub fn tool_arguments_json(&self) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ApiError> {
+        let Some(text) = self.tool_arguments() else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text).map(Some).map_err(|e| {
+            ApiError::bad_request("invalid_arguments", format!("the tool's arguments are not a JSON object: {e}"))
+        })
+    }
+
+    /// Replaces a `tools/call`'s arguments with JSON object text; the
+    /// gateway forwards them. On any other request, or with text that is
+    /// not a JSON object, the host refuses it and the plugin fails when the
+    /// hook returns. Needs 0.3.3.
+    pub fn set_tool_arguments(&self, arguments: &str) {
+        self.0.set_tool_arguments(arguments)
+    }
+
+    /// [`Request::set_tool_arguments`] of a JSON object.
+    pub fn set_tool_arguments_json(&self, arguments: &serde_json::Map<String, serde_json::Value>) {
+        // A map of JSON values always serializes.
+        let text = serde_json::to_string(arguments).unwrap_or_else(|_| "{}".into());
+        self.set_tool_arguments(&text)
     }
 
     /// The 400 for a body that is not a chat request: `invalid_json` if it

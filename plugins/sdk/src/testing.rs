@@ -32,6 +32,33 @@ pub fn raw_request(model: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Requ
     Request(NativeRequest::new("POST", "/v1/chat/completions", model, headers, body))
 }
 
+/// An MCP message to route `default/mcp`, as the gateway hands it to
+/// plugins: `POST /mcp`, the JSON-RPC message as the body, the tool as the
+/// `model` (or empty). For `tools/call`, `tool` and `arguments` (an
+/// object, or `{}`) name the call.
+pub fn mcp_request(method: &str, tool: Option<&str>, arguments: Option<&Value>) -> Request {
+    let mut params = serde_json::Map::new();
+    if let Some(tool) = tool {
+        params.insert("name".into(), tool.into());
+    }
+    if let Some(arguments) = arguments {
+        params.insert("arguments".into(), arguments.clone());
+    }
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let request = Request(NativeRequest::new("POST", "/mcp", tool.unwrap_or(""), &[], body.to_string().into_bytes()));
+    let arguments = (method == "tools/call").then(|| arguments.map_or_else(|| "{}".to_string(), Value::to_string));
+    request.0.with(|s| {
+        s.route = "default/mcp".into();
+        s.mcp = Some(crate::native::Mcp {
+            method: method.into(),
+            tool: tool.map(str::to_string),
+            arguments,
+            arguments_edited: false,
+        });
+    });
+    request
+}
+
 /// What tests look at, natively.
 impl Request {
     /// The same request on another path, e.g. `/v1/embeddings`.
@@ -91,6 +118,14 @@ impl Request {
     /// its body last replaced.
     pub fn body_edited(&self) -> bool {
         self.0.with(|s| s.body.is_edited())
+    }
+
+    /// The arguments a plugin set with `set_tool_arguments`, if one did.
+    pub fn edited_tool_arguments(&self) -> Option<Value> {
+        self.0.with(|s| {
+            let mcp = s.mcp.as_ref().filter(|mcp| mcp.arguments_edited)?;
+            serde_json::from_str(mcp.arguments.as_deref()?).ok()
+        })
     }
 
     /// The model the plugin routed to with `set_model`, if it did.
@@ -225,6 +260,32 @@ mod tests {
         req.set_backend("");
         assert_eq!(req.take_invalid_edits().len(), 2);
         assert_eq!(req.model(), "gpt-4o-mini");
+    }
+
+    #[test]
+    fn mcp_requests_read_and_edit_as_the_host_does() {
+        let chat = chat_request("m", &json!({"messages": []}));
+        assert_eq!((chat.kind(), chat.mcp_method(), chat.tool_name()), (crate::RequestKind::Chat, None, None));
+        chat.set_tool_arguments("{}");
+        assert_eq!(chat.take_invalid_edits().len(), 1, "not on a chat request");
+
+        let call = mcp_request("tools/call", Some("weather__forecast"), Some(&json!({"city": "Oslo"})));
+        assert!(call.is_mcp());
+        assert_eq!(call.mcp_method().as_deref(), Some("tools/call"));
+        assert_eq!(call.tool_name().as_deref(), Some("weather__forecast"));
+        assert_eq!(call.model(), "weather__forecast");
+        assert_eq!(call.tool_arguments_json().unwrap().unwrap()["city"], "Oslo");
+        assert_eq!(call.edited_tool_arguments(), None);
+        call.set_tool_arguments("[1]");
+        call.set_tool_arguments("{\"a\": 1, \"a\": 2}");
+        assert_eq!(call.take_invalid_edits().len(), 2, "an array, a name twice");
+        call.set_tool_arguments(r#"{"city": "Oslo", "units": "metric"}"#);
+        assert_eq!(call.edited_tool_arguments(), Some(json!({"city": "Oslo", "units": "metric"})));
+
+        let list = mcp_request("tools/list", None, None);
+        assert_eq!((list.kind(), list.tool_name(), list.tool_arguments()), (crate::RequestKind::Mcp, None, None));
+        list.set_tool_arguments("{}");
+        assert_eq!(list.take_invalid_edits().len(), 1, "only on tools/call");
     }
 
     #[test]

@@ -15,6 +15,12 @@
 //!   the instance has seen (the last 16), logs each one, and hands them all
 //!   back in the `x-probe-recorded` response header: what a `Reused` plugin
 //!   could harvest from requests that reach it.
+//! - request header `x-probe-mcp` (WIT 0.3.3): the response headers
+//!   `x-probe-kind`, `x-probe-mcp-method`, `x-probe-tool` and
+//!   `x-probe-arguments` say what the request handle reads (`-` for none);
+//!   unless the header is `read`, its value is then given to
+//!   `set-tool-arguments`, and `x-probe-arguments-after` says what is read
+//!   back.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -27,7 +33,8 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 use exports::sluice::plugin::filter::Guest;
 use sluice::plugin::host::log;
 use sluice::plugin::types::{
-    ChunkAction, Hooks, LogLevel, Request, RequestAction, Response, ResponseAction, ResponseEdits, ResponseSummary,
+    ChunkAction, Hooks, LogLevel, Request, RequestAction, RequestKind, Response, ResponseAction, ResponseEdits,
+    ResponseSummary,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -57,6 +64,24 @@ fn with_config<T>(f: impl FnOnce(&Config) -> T) -> T {
 
 struct Probe;
 
+/// The 0.3.3 calls, made through the raw bindings and reported as response
+/// headers.
+fn probe_mcp(req: &Request, probe: &str) {
+    let or_none = |value: Option<String>| value.unwrap_or_else(|| "-".into());
+    let kind = match req.kind() {
+        RequestKind::Chat => "chat",
+        RequestKind::Mcp => "mcp",
+    };
+    req.set_response_header("x-probe-kind", kind);
+    req.set_response_header("x-probe-mcp-method", &or_none(req.mcp_method()));
+    req.set_response_header("x-probe-tool", &or_none(req.tool_name()));
+    req.set_response_header("x-probe-arguments", &or_none(req.tool_arguments()));
+    if probe != "read" {
+        req.set_tool_arguments(probe);
+        req.set_response_header("x-probe-arguments-after", &or_none(req.tool_arguments()));
+    }
+}
+
 impl Guest for Probe {
     fn configure(config: String) -> Result<Hooks, String> {
         let parsed: Config = serde_json::from_str(&config).map_err(|e| format!("probe: invalid config: {e}"))?;
@@ -77,6 +102,9 @@ impl Guest for Probe {
         }
         SERVED.fetch_add(1, Ordering::Relaxed);
         CONTENT_CHUNKS.store(0, Ordering::Relaxed);
+        if let Some(probe) = req.header("x-probe-mcp") {
+            probe_mcp(req, &probe);
+        }
         if let Some(name) = with_config(|c| c.record_header.clone()) {
             let mut recorded = RECORDED.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(value) = req.header(&name) {
