@@ -59,6 +59,8 @@ pub const PYTHON_TOOLS: &[&str] = &[
     // 250 MB installed.
     "presidio-analyzer==2.2.366",
     "spacy==3.8.18",
+    // The official MCP SDK: the MCP gateway tests' servers and client (tests/harness/mcp_*.py).
+    "mcp==2.3.0",
 ];
 
 /// The wit-bindgen CLI that generates the C guest's bindings.
