@@ -364,3 +364,42 @@ async fn requests_outside_a_session_are_refused_in_json_rpc_shape() {
     let ping = post(r#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#, vec![]).await;
     assert_eq!(ping.json(), json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
 }
+
+#[tokio::test]
+async fn mcp_policy_allows_tools_per_consumer_and_forces_arguments() {
+    use sha2::{Digest, Sha256};
+    let key = |text: &str| -> String { Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect() };
+    let auth = Plugin::new("auth", "auth").auth_phase().config(json!({"apiKeys": [
+        {"consumer": "alice", "sha256": key("sk-alice")}, {"consumer": "bob", "sha256": key("sk-bob")}]}));
+    let policy = Plugin::new("mcp-policy", "mcp-policy").config(json!({
+        "rules": [
+            {"consumers": ["key:alice"], "allow": ["weather__*"], "deny": ["weather__fail"]},
+            {"consumers": ["key:bob"], "allow": ["files__*"]}
+        ],
+        "arguments": {"files__echo": {"text": "forced"}}
+    }));
+    let setup = setup(&[auth, policy], "", Options::default()).await;
+    let as_user = |key: &str| McpClientOptions {
+        headers: vec![("Authorization".into(), format!("Bearer {key}"))],
+        ..Default::default()
+    };
+    let url = setup.gateway.url("/mcp");
+    for (era, _) in ERAS {
+        let with = |key: &str| McpClientOptions { protocol: era.map(String::from), ..as_user(key) };
+        let allowed = mcp_client(&url, &["call", "weather__echo", r#"{"text":"hi"}"#], &with("sk-alice")).await;
+        assert_eq!(text_of(&allowed), "weather:hi", "{era:?}");
+        // Refused by the plugin: the SDK raises the plugin's message.
+        for (key, tool) in [("sk-alice", "files__echo"), ("sk-alice", "weather__fail"), ("sk-bob", "weather__echo")] {
+            let refused = mcp_client(&url, &["call", tool, r#"{"text":"x","code":1,"message":"m"}"#], &with(key)).await;
+            assert_eq!(refused["error"]["code"], -32001, "{era:?} {key} {tool}: {refused}");
+            let message = refused["error"]["message"].as_str().unwrap();
+            assert!(message.contains(&format!("tool `{tool}` is not allowed")), "{message}");
+        }
+        // Its arguments replace the client's, in the message the server gets.
+        let forced = mcp_client(&url, &["call", "files__echo", r#"{"text":"mine"}"#], &with("sk-bob")).await;
+        assert_eq!(text_of(&forced), "files:forced", "{era:?}: {forced}");
+    }
+    let metrics = setup.gateway.client().get(&setup.gateway.admin_url("/metrics")).await.text();
+    let series = r#"sluice_mcp_calls_total{route="default/tools",server="files",tool="files__echo",consumer="key:bob",result="ok"} 2"#;
+    assert!(metrics.contains(series), "{metrics}");
+}

@@ -499,9 +499,13 @@ async fn in_session(
             Err(error) => failed(route, StatusCode::OK, Value::Null, &error),
         };
     }
+    if method == "notifications/initialized" {
+        // Each server had its own when its session was opened.
+        return accepted();
+    }
     if message.id.is_none() {
-        // A notification concerns every server's session (`initialized`,
-        // `cancelled` for an id only one of them knows, roots changed).
+        // A notification concerns every server's session (`cancelled` for
+        // an id only one of them knows, roots changed).
         let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
         futures_util::future::join_all(
             sent.map(|(server, upstream)| upstream::notify(server, upstream, &message.value, passed_on)),
