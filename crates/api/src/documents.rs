@@ -2,13 +2,14 @@
 
 use serde::Deserialize;
 
-use crate::{AIModelRoute, API_VERSION, GatewayPlugin};
+use crate::{AIModelRoute, API_VERSION, GatewayPlugin, MCPRoute};
 
 /// One resource from a YAML stream.
 #[derive(Clone, Debug)]
 pub enum Document {
     Plugin(GatewayPlugin),
     Route(AIModelRoute),
+    McpRoute(MCPRoute),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -61,7 +62,12 @@ fn parse_value(value: serde_json::Value) -> Result<Document, String> {
             named(route.metadata.name.as_ref())?;
             Ok(Document::Route(route))
         }
-        other => Err(format!("unknown kind `{other}` (expected GatewayPlugin or AIModelRoute)")),
+        "MCPRoute" => {
+            let route: MCPRoute = serde_json::from_value(value).map_err(|e| format!("MCPRoute: {e}"))?;
+            named(route.metadata.name.as_ref())?;
+            Ok(Document::McpRoute(route))
+        }
+        other => Err(format!("unknown kind `{other}` (expected GatewayPlugin, AIModelRoute or MCPRoute)")),
     }
 }
 

@@ -279,12 +279,15 @@ pub struct BackendTlsSpec {
     /// absolute paths under `--allow-host-files-under` are accepted: use
     /// `secretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub ca_file: Option<String>,
     /// PEM file of the client certificate chain, for mutual TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub cert_file: Option<String>,
     /// PEM file of the client certificate's private key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub key_file: Option<String>,
     /// A Secret in the route's namespace holding `ca.crt` and/or `tls.crt`
     /// and `tls.key` (a `kubernetes.io/tls` Secret), used instead of files.
@@ -293,6 +296,7 @@ pub struct BackendTlsSpec {
     /// The name to send in SNI and to verify the certificate against,
     /// instead of the URL's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub server_name: Option<String>,
 }
 
@@ -357,6 +361,7 @@ pub struct BackendSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PluginRefSpec {
     /// Name of a GatewayPlugin in the route's namespace.
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
 
@@ -480,13 +485,9 @@ fn backend_decl(b: &BackendSpec, base_dir: &std::path::Path) -> Result<BackendDe
     if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
         return Err(format!("backend url `{}` must start with http:// or https:// and a host", b.url));
     }
-    // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
-    let api_key = match (&b.api_key_env, &b.api_key_file, &b.api_key_secret_ref) {
-        (Some(var), None, None) => Some(ApiKeySource::Env(var.clone())),
-        (None, Some(file), None) => Some(ApiKeySource::File(base_dir.join(PathBuf::from(file)))),
-        (None, None, _) => None,
-        _ => return Err("a backend sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
-    };
+    let api_key =
+        api_key_source(b.api_key_env.as_deref(), b.api_key_file.as_deref(), b.api_key_secret_ref.is_some(), base_dir)
+            .map_err(|e| format!("a backend {e}"))?;
     let mut decl = BackendDecl::new(url);
     if let Some(name) = &b.name {
         let label = name.len() <= 63
@@ -519,27 +520,49 @@ fn backend_decl(b: &BackendSpec, base_dir: &std::path::Path) -> Result<BackendDe
         if !https {
             return Err(format!("backend `{}` sets `tls` but is not an https:// URL", b.url));
         }
-        // A Secret's PEM is resolved by the Kubernetes controller.
-        let file = |f: &Option<String>| f.as_ref().map(|f| Pem::File(base_dir.join(f)));
-        if tls.cert_file.is_some() != tls.key_file.is_some() {
-            return Err("tls.certFile and tls.keyFile go together".into());
-        }
-        if tls.secret_ref.is_some() && (tls.ca_file.is_some() || tls.cert_file.is_some()) {
-            return Err("tls.secretRef replaces tls.caFile, certFile and keyFile: set one or the other".into());
-        }
-        if let Some(name) = &tls.server_name
-            && (name.is_empty() || rustls_pki_name(name).is_none())
-        {
-            return Err(format!("tls.serverName `{name}` is not a DNS name or IP address"));
-        }
-        decl.tls = Some(BackendTls {
-            ca: file(&tls.ca_file),
-            client_cert: file(&tls.cert_file),
-            client_key: file(&tls.key_file),
-            server_name: tls.server_name.clone(),
-        });
+        decl.tls = Some(tls_decl(tls, base_dir)?);
     }
     Ok(decl)
+}
+
+/// Where an upstream's API key comes from (a backend's or an MCP server's),
+/// if anywhere: the error completes "a backend …" or "a server …".
+pub(crate) fn api_key_source(
+    env: Option<&str>,
+    file: Option<&str>,
+    secret_ref: bool,
+    base_dir: &std::path::Path,
+) -> Result<Option<ApiKeySource>, String> {
+    // An apiKeySecretRef is resolved by the Kubernetes controller, which has the Secrets.
+    match (env, file, secret_ref) {
+        (Some(var), None, false) => Ok(Some(ApiKeySource::Env(var.to_string()))),
+        (None, Some(file), false) => Ok(Some(ApiKeySource::File(base_dir.join(PathBuf::from(file))))),
+        (None, None, _) => Ok(None),
+        _ => Err("sets more than one of apiKeyEnv, apiKeyFile and apiKeySecretRef".into()),
+    }
+}
+
+/// An upstream's TLS settings (a backend's or an MCP server's), files
+/// relative to `base_dir`; a `secretRef`'s PEM is the controller's to fill.
+pub(crate) fn tls_decl(tls: &BackendTlsSpec, base_dir: &std::path::Path) -> Result<BackendTls, String> {
+    let file = |f: &Option<String>| f.as_ref().map(|f| Pem::File(base_dir.join(f)));
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        return Err("tls.certFile and tls.keyFile go together".into());
+    }
+    if tls.secret_ref.is_some() && (tls.ca_file.is_some() || tls.cert_file.is_some()) {
+        return Err("tls.secretRef replaces tls.caFile, certFile and keyFile: set one or the other".into());
+    }
+    if let Some(name) = &tls.server_name
+        && (name.is_empty() || rustls_pki_name(name).is_none())
+    {
+        return Err(format!("tls.serverName `{name}` is not a DNS name or IP address"));
+    }
+    Ok(BackendTls {
+        ca: file(&tls.ca_file),
+        client_cert: file(&tls.cert_file),
+        client_key: file(&tls.key_file),
+        server_name: tls.server_name.clone(),
+    })
 }
 
 /// Whether `name` could be a server name: a DNS name's characters or an IP

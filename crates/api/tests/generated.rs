@@ -272,6 +272,10 @@ fn check_sluice(file: &Path, doc: &Value) -> Result<(), String> {
             r.decl(dir)?;
             compare(doc, &serde_json::to_value(&r).unwrap(), Compare::GivenFieldsOnly)
         }
+        sluice_api::Document::McpRoute(r) => {
+            r.decl(dir)?;
+            compare(doc, &serde_json::to_value(&r).unwrap(), Compare::GivenFieldsOnly)
+        }
     }
 }
 

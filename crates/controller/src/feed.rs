@@ -1,5 +1,6 @@
-//! The data plane's feed: watches GatewayPlugins, AIModelRoutes and Secrets,
-//! and publishes the whole desired config whenever any of them changes.
+//! The data plane's feed: watches GatewayPlugins, AIModelRoutes, MCPRoutes
+//! and Secrets, and publishes the whole desired config whenever any of them
+//! changes.
 //!
 //! Every replica runs this. The desired config is a function of what the
 //! watches hold, so a restarted watch (a re-list after the apiserver comes
@@ -21,8 +22,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
-use sluice_api::{AIModelRoute, GatewayPlugin};
-use sluice_core::{ConfigUpdate, DesiredConfig, PluginDecl, ResourceKey, RouteDecl};
+use sluice_api::{AIModelRoute, GatewayPlugin, MCPRoute};
+use sluice_core::{ConfigUpdate, DesiredConfig, McpRouteDecl, PluginDecl, ResourceKey, RouteDecl};
 use tokio::sync::watch;
 
 use crate::secrets::{self, ReferencedSecrets};
@@ -34,20 +35,22 @@ use sluice_core::Redactions;
 pub struct Stores {
     pub plugins: Store<GatewayPlugin>,
     pub routes: Store<AIModelRoute>,
+    pub mcp_routes: Store<MCPRoute>,
     pub secrets: Arc<ReferencedSecrets>,
     /// Events seen per watch (by [`Kind`]): what changed since a result
     /// computed from the stores, without looking at every object.
-    versions: Arc<[AtomicU64; 3]>,
+    versions: Arc<[AtomicU64; KINDS]>,
 }
 
 impl Stores {
     pub(crate) fn new(
         plugins: Store<GatewayPlugin>,
         routes: Store<AIModelRoute>,
+        mcp_routes: Store<MCPRoute>,
         secrets: Arc<ReferencedSecrets>,
-        versions: Arc<[AtomicU64; 3]>,
+        versions: Arc<[AtomicU64; KINDS]>,
     ) -> Stores {
-        Stores { plugins, routes, secrets, versions }
+        Stores { plugins, routes, mcp_routes, secrets, versions }
     }
 
     /// Moves on whenever any store changes (after the store has).
@@ -59,11 +62,14 @@ impl Stores {
     fn referenced_secrets(&self) -> HashSet<(String, String)> {
         let plugins = self.plugins.state();
         let routes = self.routes.state();
+        let mcp_routes = self.mcp_routes.state();
         let from_plugins =
             plugins.iter().flat_map(|p| secrets::keys(&p.key().namespace, p.secret_names()).collect::<Vec<_>>());
         let from_routes =
             routes.iter().flat_map(|r| secrets::keys(&r.key().namespace, r.secret_names()).collect::<Vec<_>>());
-        from_plugins.chain(from_routes).collect()
+        let from_mcp_routes =
+            mcp_routes.iter().flat_map(|r| secrets::keys(&r.key().namespace, r.secret_names()).collect::<Vec<_>>());
+        from_plugins.chain(from_routes).chain(from_mcp_routes).collect()
     }
 }
 
@@ -81,6 +87,8 @@ pub struct Generations {
     /// The Secret values in each declaration, cut out of its load errors.
     pub plugin_redactions: HashMap<ResourceKey, Redactions>,
     pub route_redactions: HashMap<ResourceKey, Redactions>,
+    pub mcp_routes: HashMap<ResourceKey, i64>,
+    pub mcp_route_redactions: HashMap<ResourceKey, Redactions>,
 }
 
 impl Published {
@@ -103,12 +111,16 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Which watch an event came from.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Plugins = 0,
     Routes = 1,
     Secrets = 2,
+    McpRoutes = 3,
 }
+
+/// How many watches there are: one per [`Kind`].
+pub(crate) const KINDS: usize = 4;
 
 /// A watch saw a change (`ready` once its first list is complete).
 struct Change {
@@ -135,6 +147,7 @@ impl Feed {
             client,
             tenancy,
             watcher::watcher(api(client, namespace), all.clone()).default_backoff(),
+            watcher::watcher(api(client, namespace), all.clone()).default_backoff(),
             watcher::watcher(api(client, namespace), all).default_backoff(),
             watcher::watcher(api::<PartialObjectMeta<Secret>>(client, namespace), secrets).default_backoff(),
         )
@@ -147,15 +160,17 @@ impl Feed {
         tenancy: Arc<Tenancy>,
         plugins: impl Stream<Item = Result<Event<GatewayPlugin>, watcher::Error>> + Send + 'static,
         routes: impl Stream<Item = Result<Event<AIModelRoute>, watcher::Error>> + Send + 'static,
+        mcp_routes: impl Stream<Item = Result<Event<MCPRoute>, watcher::Error>> + Send + 'static,
         secrets: impl Stream<Item = Result<Event<PartialObjectMeta<Secret>>, watcher::Error>> + Send + 'static,
     ) -> Feed {
-        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
+        let versions = Arc::new([const { AtomicU64::new(0) }; KINDS]);
         let (plugins, plugin_changes) = reflect(plugins, Kind::Plugins, versions.clone());
         let (routes, route_changes) = reflect(routes, Kind::Routes, versions.clone());
+        let (mcp_routes, mcp_route_changes) = reflect(mcp_routes, Kind::McpRoutes, versions.clone());
         let (secret_metadata, secret_changes) = reflect(secrets.modify(slim_metadata), Kind::Secrets, versions.clone());
         let secrets = Arc::new(ReferencedSecrets::new(client.clone(), secret_metadata));
-        let changes = stream::select_all([plugin_changes, route_changes, secret_changes]).boxed();
-        Feed { stores: Stores::new(plugins, routes, secrets, versions), changes, tenancy }
+        let changes = stream::select_all([plugin_changes, route_changes, mcp_route_changes, secret_changes]).boxed();
+        Feed { stores: Stores::new(plugins, routes, mcp_routes, secrets, versions), changes, tenancy }
     }
 
     /// Publishes the desired config once every watch has listed, then after
@@ -168,7 +183,7 @@ impl Feed {
         published: Arc<Mutex<Published>>,
         changed: watch::Sender<u64>,
     ) {
-        let mut listed = [false; 3];
+        let mut listed = [false; KINDS];
         let mut retry_secrets = None;
         let mut translator = Translator::new(self.tenancy.clone());
         loop {
@@ -195,6 +210,7 @@ impl Feed {
                 revision = desired.revision,
                 plugins = desired.plugins.len(),
                 routes = desired.routes.len(),
+                mcp_routes = desired.mcp_routes.len(),
                 "publishing desired config"
             );
             published.lock().by_revision.insert(desired.revision, Arc::new(generations));
@@ -222,7 +238,7 @@ where
 fn reflect<K>(
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     kind: Kind,
-    versions: Arc<[AtomicU64; 3]>,
+    versions: Arc<[AtomicU64; KINDS]>,
 ) -> (Store<K>, BoxStream<'static, Change>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -232,9 +248,9 @@ where
     (reader, changes(events.reflect(writer), kind, versions).boxed())
 }
 
-/// Secret types no GatewayPlugin or AIModelRoute can use, and the largest in
-/// a typical cluster (Helm keeps every release of a chart in one): the API
-/// server leaves them out of the watch.
+/// Secret types no GatewayPlugin, AIModelRoute or MCPRoute can use, and the
+/// largest in a typical cluster (Helm keeps every release of a chart in
+/// one): the API server leaves them out of the watch.
 const UNUSED_SECRET_TYPES: &[&str] = &["helm.sh/release.v1", "kubernetes.io/service-account-token"];
 
 fn slim_metadata(secret: &mut PartialObjectMeta<Secret>) {
@@ -246,9 +262,10 @@ fn slim_metadata(secret: &mut PartialObjectMeta<Secret>) {
 fn changes<K: Resource>(
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     kind: Kind,
-    versions: Arc<[AtomicU64; 3]>,
+    versions: Arc<[AtomicU64; KINDS]>,
 ) -> impl Stream<Item = Change> + Send + 'static {
     let mut seen: HashMap<(String, String), String> = HashMap::new();
+    let mut unavailable = false;
     events.filter_map(move |event| {
         let change = match event {
             // Our own status writes come back as events too: one per route,
@@ -267,8 +284,26 @@ fn changes<K: Resource>(
                 Some(Change { kind, listed: false })
             }
             // The store swaps in a whole new list at InitDone; nothing before it counts.
-            Ok(Event::InitDone) => Some(Change { kind, listed: true }),
+            Ok(Event::InitDone) => {
+                unavailable = false;
+                Some(Change { kind, listed: true })
+            }
             Ok(Event::Init) => None,
+            // MCPRoute is newer than the other kinds: a cluster upgraded
+            // without its CRD (Helm leaves CRDs alone on upgrade) or RBAC
+            // would otherwise never complete the first list, and the gateway
+            // serve nothing. It serves the rest, with no MCP routes, until
+            // the list succeeds (the backoff keeps trying).
+            Err(error) if kind == Kind::McpRoutes && kind_unavailable(&error) => {
+                if unavailable {
+                    None
+                } else {
+                    unavailable = true;
+                    tracing::warn!(%error, "cannot list MCPRoutes (is the CRD installed, and the RBAC granted?); \
+                        serving without MCP routes");
+                    Some(Change { kind, listed: true })
+                }
+            }
             Err(error) => {
                 // The backoff retries; the store keeps the last list meanwhile.
                 tracing::warn!(%error, "watch failed; retrying");
@@ -281,6 +316,12 @@ fn changes<K: Resource>(
         }
         std::future::ready(change)
     })
+}
+
+/// Whether a watch failed because the kind is not there (no CRD) or not
+/// ours to read (no RBAC), rather than for a moment.
+fn kind_unavailable(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
 }
 
 fn ref_key(meta: &kube::api::ObjectMeta) -> (String, String) {
@@ -311,12 +352,14 @@ struct Translator {
     revision: u64,
     plugins: HashMap<ResourceKey, (i64, PluginDecl, Redactions)>,
     routes: HashMap<ResourceKey, (i64, RouteDecl, Redactions)>,
+    mcp_routes: HashMap<ResourceKey, (i64, McpRouteDecl, Redactions)>,
     /// The [`signature`] last translated, per object.
     translated_plugins: HashMap<ResourceKey, String>,
     translated_routes: HashMap<ResourceKey, String>,
+    translated_mcp_routes: HashMap<ResourceKey, String>,
     /// The Secrets store's version at the last translation.
     secrets_version: Option<u64>,
-    last: Option<(Vec<PluginDecl>, Vec<RouteDecl>)>,
+    last: Option<(Vec<PluginDecl>, Vec<RouteDecl>, Vec<McpRouteDecl>)>,
     /// Translations done, for the tests.
     translations: usize,
 }
@@ -328,8 +371,10 @@ impl Translator {
             revision: 0,
             plugins: HashMap::new(),
             routes: HashMap::new(),
+            mcp_routes: HashMap::new(),
             translated_plugins: HashMap::new(),
             translated_routes: HashMap::new(),
+            translated_mcp_routes: HashMap::new(),
             secrets_version: None,
             last: None,
             translations: 0,
@@ -405,12 +450,65 @@ impl Translator {
             }
         }
 
-        if self.last.as_ref() == Some(&(plugins.clone(), routes.clone())) {
+        let mcp_routes = self.next_mcp_routes(stores, secrets_changed || plugin_set_changed, &mut generations);
+
+        let next = (plugins, routes, mcp_routes);
+        if self.last.as_ref() == Some(&next) {
             return None;
         }
-        self.last = Some((plugins.clone(), routes.clone()));
+        self.last = Some(next.clone());
         self.revision += 1;
-        Some((DesiredConfig { revision: self.revision, plugins, routes, ..Default::default() }, generations))
+        let (plugins, routes, mcp_routes) = next;
+        Some((DesiredConfig { revision: self.revision, plugins, routes, mcp_routes }, generations))
+    }
+
+    /// The MCP routes to serve, as [`Translator::next`] does routes: each
+    /// translated again only when it, the Secrets or the set of plugins
+    /// changed; the last good declaration kept; those that lose their path
+    /// to an older route left out (their status says why).
+    fn next_mcp_routes(
+        &mut self,
+        stores: &Stores,
+        everything_changed: bool,
+        generations: &mut Generations,
+    ) -> Vec<McpRouteDecl> {
+        let objects = stores.mcp_routes.state();
+        let mut present = HashMap::new();
+        for object in &objects {
+            let key = object.key();
+            present.insert(key.clone(), object.clone());
+            let version = signature(&object.metadata);
+            if !everything_changed && self.translated_mcp_routes.get(&key) == Some(&version) {
+                continue;
+            }
+            self.translations += 1;
+            self.translated_mcp_routes.insert(key.clone(), version);
+            let exists = |plugin: &ResourceKey| self.plugins.contains_key(plugin);
+            if let (Ok(decl), redactions) =
+                translate::mcp_route_redacted(object, &*stores.secrets, &self.tenancy, exists)
+            {
+                self.mcp_routes.insert(key, (generation(object.meta()), decl, redactions));
+            }
+        }
+        self.mcp_routes.retain(|key, _| present.contains_key(key));
+        self.translated_mcp_routes.retain(|key, _| present.contains_key(key));
+        let candidates: Vec<(&MCPRoute, &McpRouteDecl)> =
+            self.mcp_routes.iter().map(|(key, (_, decl, _))| (present[key].as_ref(), decl)).collect();
+        let conflicts = translate::path_conflicts(&candidates);
+        let mut routes: Vec<McpRouteDecl> = self
+            .mcp_routes
+            .values()
+            .filter(|(_, d, _)| !conflicts.contains_key(&d.key))
+            .map(|(_, d, _)| d.clone())
+            .collect();
+        routes.sort_by(|a, b| a.key.cmp(&b.key));
+        for (key, (generation, _, redactions)) in &self.mcp_routes {
+            if !conflicts.contains_key(key) {
+                generations.mcp_routes.insert(key.clone(), *generation);
+                generations.mcp_route_redactions.insert(key.clone(), redactions.clone());
+            }
+        }
+        routes
     }
 }
 
@@ -443,8 +541,9 @@ mod tests {
         // Never connected: these routes name no Secret.
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let secrets = Arc::new(ReferencedSecrets::new(Client::try_from(config).unwrap(), secret_metadata));
-        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
-        let stores = Stores { plugins, routes, secrets: secrets.clone(), versions };
+        let (mcp_routes, _mcp_route_writer) = reflector::store::<MCPRoute>();
+        let versions = Arc::new([const { AtomicU64::new(0) }; KINDS]);
+        let stores = Stores { plugins, routes, mcp_routes, secrets: secrets.clone(), versions };
         let count = 2_000;
         for i in 0..count {
             route_writer.apply_watcher_event(&Event::Apply(route(i, 1, &format!("m{i}"))));
@@ -488,7 +587,7 @@ mod tests {
             Ok(Event::Apply(with_status(2, "13", "0/1"))),
             Ok(Event::Delete(with_status(2, "14", "0/1"))),
         ];
-        let versions = Arc::new([const { AtomicU64::new(0) }; 3]);
+        let versions = Arc::new([const { AtomicU64::new(0) }; KINDS]);
         let changes: Vec<Change> = changes(stream::iter(events), Kind::Routes, versions.clone()).collect().await;
         let listed: Vec<bool> = changes.iter().map(|c| c.listed).collect();
         assert_eq!(listed, [true, false, false], "the list, generation 2, the deletion");

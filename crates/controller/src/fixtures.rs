@@ -131,6 +131,11 @@ pub fn route(name: &str, generation: i64, spec: Value) -> Value {
     resource("AIModelRoute", name, generation, spec)
 }
 
+/// An MCPRoute in namespace `team`.
+pub fn mcp_route(name: &str, generation: i64, spec: Value) -> Value {
+    resource("MCPRoute", name, generation, spec)
+}
+
 /// A GatewayPlugin in namespace `team`.
 pub fn plugin(name: &str, generation: i64, spec: Value) -> Value {
     resource("GatewayPlugin", name, generation, spec)

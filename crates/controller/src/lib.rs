@@ -1,6 +1,6 @@
 //! Sluice on Kubernetes. Every replica:
-//! - watches GatewayPlugins, AIModelRoutes and Secrets, and feeds the data
-//!   plane the whole desired config ([`feed`]);
+//! - watches GatewayPlugins, AIModelRoutes, MCPRoutes and Secrets, and
+//!   feeds the data plane the whole desired config ([`feed`]);
 //! - reports what it serves in a Lease of its own ([`replica`]).
 //!
 //! The replica holding the leader Lease ([`leader`]) also runs the status

@@ -62,6 +62,10 @@ pub struct ReplicaReport {
     pub plugins: BTreeMap<String, Entry>,
     #[serde(default)]
     pub routes: BTreeMap<String, Entry>,
+    /// Left out when empty: the reports of gateways without MCP routes
+    /// read as before they had them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_routes: BTreeMap<String, Entry>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,9 +81,12 @@ pub struct Entry {
 
 impl ReplicaReport {
     fn from_load(load: &LoadReport, generations: &crate::feed::Generations) -> ReplicaReport {
+        // `ejected`: the report's ejected backends, for AIModelRoutes only
+        // (an MCPRoute may share an AIModelRoute's namespace and name).
         let entries = |states: &BTreeMap<ResourceKey, LoadState>,
                        generations: &HashMap<ResourceKey, i64>,
-                       redactions: &HashMap<ResourceKey, Redactions>| {
+                       redactions: &HashMap<ResourceKey, Redactions>,
+                       ejected: Option<&BTreeMap<ResourceKey, Vec<String>>>| {
             states
                 .iter()
                 .filter_map(|(key, state)| {
@@ -98,9 +105,8 @@ impl ReplicaReport {
                     }
                     // At most the route's backends (64 in a CRD), each a
                     // URL without credentials.
-                    let ejected_backends = load
-                        .ejected
-                        .get(key)
+                    let ejected_backends = ejected
+                        .and_then(|ejected| ejected.get(key))
                         .map(|out| out.iter().take(MAX_EJECTED).cloned().collect())
                         .unwrap_or_default();
                     Some((key.to_string(), Entry { generation, state, ejected_backends }))
@@ -108,8 +114,9 @@ impl ReplicaReport {
                 .collect()
         };
         ReplicaReport {
-            plugins: entries(&load.plugins, &generations.plugins, &generations.plugin_redactions),
-            routes: entries(&load.routes, &generations.routes, &generations.route_redactions),
+            plugins: entries(&load.plugins, &generations.plugins, &generations.plugin_redactions, None),
+            routes: entries(&load.routes, &generations.routes, &generations.route_redactions, Some(&load.ejected)),
+            mcp_routes: entries(&load.mcp_routes, &generations.mcp_routes, &generations.mcp_route_redactions, None),
         }
     }
 }
@@ -127,17 +134,22 @@ struct Part {
 /// The report as annotation texts, part 0 (the heartbeat's) first. Keys are
 /// hashed into parts so that a change to one resource changes one part.
 fn split(report: &ReplicaReport) -> Vec<String> {
-    let entries = || report.plugins.iter().map(|e| (true, e)).chain(report.routes.iter().map(|e| (false, e)));
+    // Each entry with the map it belongs in, by kind.
+    type Map = fn(&mut ReplicaReport) -> &mut BTreeMap<String, Entry>;
+    let maps: [Map; 3] = [|r| &mut r.plugins, |r| &mut r.routes, |r| &mut r.mcp_routes];
+    let entries = || {
+        let plugins = report.plugins.iter().map(|e| (0, e));
+        plugins.chain(report.routes.iter().map(|e| (1, e))).chain(report.mcp_routes.iter().map(|e| (2, e)))
+    };
     let size: usize =
         entries().map(|(_, (key, entry))| key.len() + serde_json::to_string(entry).map_or(0, |e| e.len()) + 4).sum();
-    let count = report.plugins.len() + report.routes.len();
+    let count = report.plugins.len() + report.routes.len() + report.mcp_routes.len();
     let mut n = size.div_ceil(PART_TARGET).max(1);
     loop {
         let mut parts: Vec<Part> = (0..n).map(|_| Part::default()).collect();
-        for (plugin, (key, entry)) in entries() {
+        for (kind, (key, entry)) in entries() {
             let part = &mut parts[(fnv1a(key.as_bytes()) % n as u64) as usize].report;
-            let map = if plugin { &mut part.plugins } else { &mut part.routes };
-            map.insert(key.clone(), entry.clone());
+            maps[kind](part).insert(key.clone(), entry.clone());
         }
         let mut texts: Vec<String> = parts.iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
         parts[0].parts = texts[1..].iter().map(|t| content_hash(t)).collect();
@@ -175,6 +187,7 @@ pub fn assemble(heartbeat: &Lease, part: impl Fn(&str) -> Option<Arc<Lease>>) ->
         let part: ReplicaReport = serde_json::from_str(text).ok()?;
         report.plugins.extend(part.plugins);
         report.routes.extend(part.routes);
+        report.mcp_routes.extend(part.mcp_routes);
     }
     Some(report)
 }
@@ -541,6 +554,42 @@ mod tests {
         let error = report.plugins["ns/p"].state.error.clone().unwrap();
         assert!(!error.contains("sk-pl"), "{error}");
         assert!(error.ends_with("header value \"[redac…"), "{error}");
+    }
+
+    /// MCP routes are reported beside routes, by generation and redacted;
+    /// an AIModelRoute's ejected backends stay its own when an MCPRoute has
+    /// its name; and they survive the split into parts.
+    #[test]
+    fn mcp_routes_are_reported_apart_from_routes() {
+        let key = ResourceKey::new("ns", "shared-name");
+        let mut load = LoadReport { revision: 2, ..Default::default() };
+        load.routes.insert(key.clone(), LoadState::ready(None));
+        load.ejected.insert(key.clone(), vec!["http://down.example/v1".into()]);
+        load.mcp_routes.insert(key.clone(), LoadState::failed("ChainNotReady", "token sk-planted refused", None));
+        load.mcp_routes.insert(ResourceKey::new("ns", "unpublished"), LoadState::ready(None));
+        let mut generations = crate::feed::Generations::default();
+        generations.routes.insert(key.clone(), 1);
+        generations.mcp_routes.insert(key.clone(), 6);
+        let mut redactions = Redactions::default();
+        redactions.add("sk-planted");
+        generations.mcp_route_redactions.insert(key, redactions);
+        let report = ReplicaReport::from_load(&load, &generations);
+        assert_eq!(report.routes["ns/shared-name"].ejected_backends, ["http://down.example/v1"]);
+        let entry = &report.mcp_routes["ns/shared-name"];
+        assert_eq!((entry.generation, entry.ejected_backends.len()), (6, 0));
+        assert_eq!(entry.state.error.as_deref(), Some("token [redacted] refused"));
+        assert_eq!(report.mcp_routes.len(), 1, "only what was published is reported");
+
+        let mut large = large_report();
+        for i in 0..2_000 {
+            let state = LoadState::ready(None);
+            large.mcp_routes.insert(format!("ns/mcp-{i}"), Entry { generation: 1, state, ejected_backends: vec![] });
+        }
+        let texts = split(&large);
+        let leases = leases(&texts, Timestamp::now());
+        assert_eq!(assemble(&leases[&lease_name("a")], |name| leases.get(name).cloned()).as_ref(), Some(&large));
+        // A report without MCP routes reads as it did before they existed.
+        assert!(!split(&ReplicaReport::default())[0].contains("mcp"));
     }
 
     #[test]

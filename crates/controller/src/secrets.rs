@@ -3,10 +3,11 @@
 //! Secrets are watched by metadata alone: a name and a resourceVersion per
 //! Secret, never its data, however many Secrets (Helm releases, other
 //! applications' certificates) share the watched scope. The data of a Secret
-//! is fetched while a GatewayPlugin or AIModelRoute in its namespace names
-//! it, again when its resourceVersion moves, and forgotten when nothing
-//! names it any more. So the memory held is bounded by what the resources
-//! reference, which their authors control only in their own namespaces.
+//! is fetched while a GatewayPlugin, AIModelRoute or MCPRoute in its
+//! namespace names it, again when its resourceVersion moves, and forgotten
+//! when nothing names it any more. So the memory held is bounded by what the
+//! resources reference, which their authors control only in their own
+//! namespaces.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

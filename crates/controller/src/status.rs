@@ -19,7 +19,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use parking_lot::Mutex;
-use sluice_api::{AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, ReplicaStatus};
+use sluice_api::{
+    AIModelRoute, AIModelRouteStatus, GatewayPlugin, GatewayPluginStatus, MCPRoute, MCPRouteStatus, ReplicaStatus,
+};
 use sluice_core::{ResourceKey, reason};
 use tokio::sync::watch;
 
@@ -53,12 +55,14 @@ pub struct Context {
     /// the watched objects rather than once per reconcile (which would make
     /// a pass over all routes quadratic).
     conflicts: Mutex<Option<(u64, Conflicts)>>,
+    /// The same for MCPRoutes and their paths.
+    path_conflicts: Mutex<Option<(u64, Conflicts)>>,
 }
 
-/// The routes that lose a model to an older route, and why.
+/// The routes that lose a model (or a path) to an older route, and why.
 type Conflicts = Arc<HashMap<ResourceKey, Problem>>;
 
-/// Runs both status controllers until dropped (on losing the lead).
+/// Runs the status controllers, one per kind, until dropped (on losing the lead).
 /// `changed` ticks when the desired config is republished, so conditions
 /// that depend on other objects (a Secret appearing) are recomputed.
 pub async fn run(
@@ -123,14 +127,28 @@ pub async fn run(
         .run(|plugin, ctx| measured("GatewayPlugin", reconcile_plugin(plugin, ctx)), error_policy, ctx.clone())
         .for_each(log_outcome);
     let routes = Controller::new(api::<AIModelRoute>(&client, namespace.as_deref()), watcher::Config::default())
+        .with_config(config.clone())
+        .reconcile_all_on(ticks(changed.clone()))
+        .reconcile_all_on(ticks(reports_rx.clone()))
+        .run(|route, ctx| measured("AIModelRoute", reconcile_route(route, ctx)), error_policy, ctx.clone())
+        .for_each(log_outcome);
+    let mcp_routes = Controller::new(api::<MCPRoute>(&client, namespace.as_deref()), watcher::Config::default())
         .with_config(config)
         .reconcile_all_on(ticks(changed))
         .reconcile_all_on(ticks(reports_rx))
-        .run(|route, ctx| measured("AIModelRoute", reconcile_route(route, ctx)), error_policy, ctx)
+        .run(|route, ctx| measured("MCPRoute", reconcile_mcp_route(route, ctx)), error_policy, ctx.clone())
         .for_each(log_outcome);
+    // Path conflicts are computed from the feed's store: not before it has
+    // listed. Waited for apart from the other kinds, which a cluster without
+    // the MCPRoute CRD must not hold up (the store then never lists, and
+    // there is no MCPRoute to write status to).
+    let mcp_routes = async move {
+        let _ = ctx.stores.mcp_routes.wait_until_ready().await;
+        mcp_routes.await;
+    };
     let controllers = async move {
         listed.await;
-        tokio::join!(plugins, routes);
+        tokio::join!(plugins, routes, mcp_routes);
     };
     tokio::join!(report_watch, collect_expired, controllers);
 }
@@ -253,6 +271,36 @@ pub(crate) async fn reconcile_route(route: Arc<AIModelRoute>, ctx: Arc<Context>)
     Ok(Action::requeue(RESYNC))
 }
 
+pub(crate) async fn reconcile_mcp_route(route: Arc<MCPRoute>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = route.key();
+    let generation = generation(&route.metadata);
+    let plugin_exists = |plugin: &sluice_core::ResourceKey| {
+        ctx.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
+    };
+    let wanted = secrets::keys(&key.namespace, route.secret_names()).collect();
+    ctx.stores.secrets.sync(&wanted, false).await;
+    let (translated, redactions) =
+        translate::mcp_route_redacted(&route, &*ctx.stores.secrets, &ctx.tenancy, plugin_exists);
+    let problem = match translated {
+        Err(problem) => Some(problem),
+        Ok(_) => ctx.path_conflicts().get(&key).cloned(),
+    };
+    let replicas = ctx.live_reports();
+    let views = views(&replicas, |report| report.mcp_routes.get(&key.to_string()), generation, &redactions);
+    let (conditions, loaded) =
+        conditions(problem.as_ref(), &views, generation, route.status.as_ref().map(|s| &s.conditions[..]));
+    let status =
+        MCPRouteStatus { observed_generation: Some(generation), conditions, loaded: Some(loaded), replicas: views };
+    let old = route.status.clone().unwrap_or_default();
+    if old != status {
+        let api: Api<MCPRoute> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        apply_status(&api, &key.name, "MCPRoute", &status).await?;
+        ctx.transition_events(&*route, &old.conditions, &status.conditions, None).await;
+    }
+    ctx.succeeded(&key.to_string());
+    Ok(Action::requeue(RESYNC))
+}
+
 async fn apply_status<K, S>(api: &Api<K>, name: &str, kind: &str, status: &S) -> Result<(), Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -271,7 +319,16 @@ impl Context {
         recorder: Recorder,
         tenancy: Arc<Tenancy>,
     ) -> Context {
-        Context { client, stores, reports, recorder, tenancy, failures: Mutex::default(), conflicts: Mutex::default() }
+        Context {
+            client,
+            stores,
+            reports,
+            recorder,
+            tenancy,
+            failures: Mutex::default(),
+            conflicts: Mutex::default(),
+            path_conflicts: Mutex::default(),
+        }
     }
 
     fn live_reports(&self) -> BTreeMap<String, Arc<ReplicaReport>> {
@@ -302,6 +359,32 @@ impl Context {
         let pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
         let conflicts = Arc::new(translate::model_conflicts(&pairs));
         *self.conflicts.lock() = Some((version, conflicts.clone()));
+        conflicts
+    }
+
+    /// The path conflicts among the MCPRoutes as the stores hold them now,
+    /// cached as [`Context::conflicts`] is.
+    fn path_conflicts(&self) -> Conflicts {
+        let version = self.stores.version();
+        if let Some((cached, conflicts)) = &*self.path_conflicts.lock()
+            && *cached == version
+        {
+            return conflicts.clone();
+        }
+        let plugin_exists = |plugin: &ResourceKey| {
+            self.stores.plugins.get(&ObjectRef::new(&plugin.name).within(&plugin.namespace)).is_some()
+        };
+        let routes = self.stores.mcp_routes.state();
+        let decls: Vec<_> = routes
+            .iter()
+            .filter_map(|r| {
+                let (decl, _) = translate::mcp_route_redacted(r, &*self.stores.secrets, &self.tenancy, plugin_exists);
+                Some((r.as_ref(), decl.ok()?))
+            })
+            .collect();
+        let pairs: Vec<_> = decls.iter().map(|(r, d)| (*r, d)).collect();
+        let conflicts = Arc::new(translate::path_conflicts(&pairs));
+        *self.path_conflicts.lock() = Some((version, conflicts.clone()));
         conflicts
     }
 

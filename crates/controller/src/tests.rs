@@ -270,33 +270,62 @@ mod status {
     use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
     use serde_json::{Value, json};
-    use sluice_api::{AIModelRoute, GatewayPlugin};
+    use sluice_api::AIModelRoute;
 
     use crate::Tenancy;
     use crate::feed::Stores;
-    use crate::fixtures::{ApiServerVerifier, mock_client, object, plugin, route, verified};
-    use crate::replica::Reports;
+    use crate::fixtures::{ApiServerVerifier, mcp_route, mock_client, object, plugin, route, verified};
+    use crate::replica::{Entry, ReplicaReport, Reports};
     use crate::secrets::ReferencedSecrets;
-    use crate::status::{Context, error_policy, reconcile_plugin, reconcile_route};
+    use crate::status::{Context, error_policy, reconcile_mcp_route, reconcile_plugin, reconcile_route};
+    use sluice_core::LoadState;
 
     const ROUTES: &str = "/apis/sluice.dev/v1alpha1/namespaces/team/aimodelroutes";
+    const MCP_ROUTES: &str = "/apis/sluice.dev/v1alpha1/namespaces/team/mcproutes";
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
 
     /// A leader's context over these objects, with no replica reporting.
     fn context(client: Client, plugins: &[Value], routes: &[Value]) -> Arc<Context> {
-        let (plugin_store, mut plugin_writer) = reflector::store::<GatewayPlugin>();
-        for p in plugins {
-            plugin_writer.apply_watcher_event(&Event::Apply(object(p.clone())));
-        }
-        let (route_store, mut route_writer) = reflector::store::<AIModelRoute>();
-        for r in routes {
-            route_writer.apply_watcher_event(&Event::Apply(object(r.clone())));
+        context_with(client, plugins, routes, &[], None)
+    }
+
+    /// A leader's context over these objects, with replica `replica-a`
+    /// reporting `report` if there is one.
+    fn context_with(
+        client: Client,
+        plugins: &[Value],
+        routes: &[Value],
+        mcp_routes: &[Value],
+        report: Option<ReplicaReport>,
+    ) -> Arc<Context> {
+        fn store<K>(objects: &[Value]) -> reflector::Store<K>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned,
+        {
+            let (store, mut writer) = reflector::store::<K>();
+            for o in objects {
+                writer.apply_watcher_event(&Event::Apply(object(o.clone())));
+            }
+            store
         }
         let (secret_metadata, _) = reflector::store();
         let secrets = Arc::new(ReferencedSecrets::new(client.clone(), secret_metadata));
-        let stores = Stores::new(plugin_store, route_store, secrets, Arc::default());
-        let (replicas, _) = reflector::store::<Lease>();
+        let stores = Stores::new(store(plugins), store(routes), store(mcp_routes), secrets, Arc::default());
+        let (replicas, mut replica_writer) = reflector::store::<Lease>();
         let reports = Arc::new(Reports::new(replicas, "sluice"));
+        if let Some(report) = report {
+            // A heartbeat just renewed, its whole report in part 0.
+            let lease: Lease = object(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": crate::replica::lease_name("replica-a"), "namespace": "sluice",
+                             "annotations": {crate::replica::REPORT_ANNOTATION: serde_json::to_string(&report).unwrap()}},
+                "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 30,
+                         "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                             k8s_openapi::jiff::Timestamp::now())},
+            }));
+            replica_writer.apply_watcher_event(&Event::Apply(lease.clone()));
+            assert!(reports.observe(&lease), "the report is read");
+        }
         let reporter = Reporter { controller: "sluice-gateway".into(), instance: Some("replica-a".into()) };
         let recorder = Recorder::new(client.clone(), reporter);
         let tenancy = Arc::new(Tenancy::default().resolved("team"));
@@ -506,6 +535,142 @@ mod status {
         drop(ctx);
         api.done().await;
     }
+
+    fn mcp(name: &str, generation: i64, created: &str, path: &str) -> Value {
+        let mut route = mcp_route(
+            name,
+            generation,
+            json!({"path": path, "servers": [{"name": "tools", "url": "http://tools.example:8000/mcp"}]}),
+        );
+        route["metadata"]["creationTimestamp"] = created.into();
+        route
+    }
+
+    /// What replica-a reports of MCP routes: `(key, generation, state)`.
+    fn mcp_report(entries: &[(&str, i64, LoadState)]) -> ReplicaReport {
+        let mut report = ReplicaReport::default();
+        for (key, generation, state) in entries {
+            let entry = Entry { generation: *generation, state: state.clone(), ejected_backends: vec![] };
+            report.mcp_routes.insert(key.to_string(), entry);
+        }
+        report
+    }
+
+    /// A replica reporting the route's generation ready (the gateway's
+    /// `LoadReport.mcp_routes`) makes it Ready, with the generation observed
+    /// and the replica counted; the transition is an Event.
+    #[tokio::test]
+    async fn an_mcp_route_every_replica_serves_is_ready() {
+        let (client, mut api) = mock_client();
+        let route = mcp("tools", 4, "2026-01-01T00:00:00Z", "/mcp");
+        let served = mcp_report(&[("team/tools", 4, LoadState::ready(None))]);
+        let ctx = context_with(client, &[], &[], std::slice::from_ref(&route), Some(served));
+        let verifier = tokio::spawn({
+            let route = route.clone();
+            async move {
+                let status = status_patch(&mut api, &format!("{MCP_ROUTES}/tools/status"), "MCPRoute", route).await;
+                assert_eq!((&status["observedGeneration"], &status["loaded"]), (&json!(4), &json!("1/1")));
+                assert_eq!(
+                    conditions(&status, 4),
+                    expected(&[
+                        ("Accepted", "True", "Accepted"),
+                        ("ResolvedRefs", "True", "ResolvedRefs"),
+                        ("Ready", "True", "Loaded"),
+                    ])
+                );
+                assert_eq!(status["replicas"], json!([{"name": "replica-a", "generation": 4, "ready": true}]));
+                let event = api.expect(Method::POST, EVENTS).await;
+                assert_eq!((&event.body["type"], &event.body["reason"]), (&json!("Normal"), &json!("Loaded")));
+                assert_eq!(event.body["regarding"]["kind"], "MCPRoute");
+                let body = event.body.clone();
+                event.respond(StatusCode::CREATED, &body);
+                api
+            }
+        });
+        reconcile_mcp_route(shared(route), ctx.clone()).await.unwrap();
+        let api = verified(verifier).await;
+        drop(ctx);
+        api.done().await;
+    }
+
+    /// A replica that could not load the route (its chain's plugins not
+    /// loaded) says why, and the route is not Ready; a replica still on an
+    /// older generation is progress, not readiness.
+    #[tokio::test]
+    async fn a_replica_failing_an_mcp_route_or_behind_keeps_it_from_ready() {
+        let failed = LoadState::failed("ChainNotReady", "plugin team/auth is not loaded", None);
+        for (state, generation, ready) in
+            [(failed, 2, ("False", "ChainNotReady")), (LoadState::ready(None), 1, ("Unknown", "Progressing"))]
+        {
+            let (client, mut api) = mock_client();
+            let route = mcp("tools", 2, "2026-01-01T00:00:00Z", "/mcp");
+            let served = mcp_report(&[("team/tools", generation, state)]);
+            let ctx = context_with(client, &[], &[], std::slice::from_ref(&route), Some(served));
+            let verifier = tokio::spawn({
+                let route = route.clone();
+                async move {
+                    let path = format!("{MCP_ROUTES}/tools/status");
+                    let status = status_patch(&mut api, &path, "MCPRoute", route).await;
+                    assert_eq!(status["loaded"], "0/1");
+                    let (_, status_of_ready, reason) = conditions(&status, 2).pop().unwrap();
+                    assert_eq!((status_of_ready.as_str(), reason.as_str()), ready);
+                    if ready.0 == "False" {
+                        let message = status["conditions"][2]["message"].as_str().unwrap();
+                        assert!(message.contains("replica replica-a: plugin team/auth is not loaded"), "{message}");
+                        api.expect(Method::POST, EVENTS).await.respond(StatusCode::CREATED, &json!({}));
+                    }
+                    api
+                }
+            });
+            reconcile_mcp_route(shared(route), ctx.clone()).await.unwrap();
+            let api = verified(verifier).await;
+            drop(ctx);
+            api.done().await;
+        }
+    }
+
+    /// Of two MCPRoutes on one path the younger is refused: Accepted and
+    /// Ready False with PathConflict, naming the older, which stays Ready.
+    #[tokio::test]
+    async fn the_younger_of_two_mcp_routes_on_one_path_has_a_path_conflict() {
+        let (client, mut api) = mock_client();
+        let older = mcp("older", 1, "2026-01-01T00:00:00Z", "/mcp");
+        let younger = mcp("younger", 1, "2026-02-01T00:00:00Z", "/mcp");
+        // The data plane never sees the younger: the feed leaves it out.
+        let served = mcp_report(&[("team/older", 1, LoadState::ready(None))]);
+        let ctx = context_with(client, &[], &[], &[older.clone(), younger.clone()], Some(served));
+        let verifier = tokio::spawn({
+            let (older, younger) = (older.clone(), younger.clone());
+            async move {
+                let status = status_patch(&mut api, &format!("{MCP_ROUTES}/younger/status"), "MCPRoute", younger).await;
+                assert_eq!(
+                    conditions(&status, 1),
+                    expected(&[
+                        ("Accepted", "False", "PathConflict"),
+                        ("ResolvedRefs", "Unknown", "NotChecked"),
+                        ("Ready", "False", "PathConflict"),
+                    ])
+                );
+                let message = status["conditions"][0]["message"].as_str().unwrap();
+                assert!(message.contains("`/mcp`") && message.contains("team/older"), "{message}");
+                let event = api.expect(Method::POST, EVENTS).await;
+                assert_eq!((&event.body["type"], &event.body["reason"]), (&json!("Warning"), &json!("PathConflict")));
+                let body = event.body.clone();
+                event.respond(StatusCode::CREATED, &body);
+
+                let status = status_patch(&mut api, &format!("{MCP_ROUTES}/older/status"), "MCPRoute", older).await;
+                let ready = conditions(&status, 1).pop().unwrap();
+                assert_eq!((ready.1.as_str(), ready.2.as_str()), ("True", "Loaded"));
+                api.expect(Method::POST, EVENTS).await.respond(StatusCode::CREATED, &json!({}));
+                api
+            }
+        });
+        reconcile_mcp_route(shared(younger), ctx.clone()).await.unwrap();
+        reconcile_mcp_route(shared(older), ctx.clone()).await.unwrap();
+        let api = verified(verifier).await;
+        drop(ctx);
+        api.done().await;
+    }
 }
 
 mod feed {
@@ -519,13 +684,13 @@ mod feed {
     use kube::runtime::watcher::{self, Event};
     use parking_lot::Mutex;
     use serde_json::{Value, json};
-    use sluice_api::{AIModelRoute, GatewayPlugin};
+    use sluice_api::{AIModelRoute, GatewayPlugin, MCPRoute};
     use sluice_core::{ApiKeySource, ConfigUpdate, DesiredConfig};
     use tokio::sync::{mpsc, watch};
 
     use crate::Tenancy;
     use crate::feed::{Feed, Published};
-    use crate::fixtures::{ApiServerVerifier, mock_client, object, plugin, route};
+    use crate::fixtures::{ApiServerVerifier, mcp_route, mock_client, object, plugin, route};
 
     type Sender<K> = mpsc::Sender<Result<Event<K>, watcher::Error>>;
 
@@ -603,9 +768,10 @@ mod feed {
         let (client, mut api) = mock_client();
         let (plugins_tx, plugins) = watch_stream::<GatewayPlugin>();
         let (routes_tx, routes) = watch_stream::<AIModelRoute>();
+        let (mcp_routes_tx, mcp_routes) = watch_stream::<MCPRoute>();
         let (secrets_tx, secrets) = watch_stream::<PartialObjectMeta<Secret>>();
         let tenancy = Arc::new(Tenancy::default().resolved("team"));
-        let feed = Feed::from_watches(&client, tenancy, plugins, routes, secrets);
+        let feed = Feed::from_watches(&client, tenancy, plugins, routes, mcp_routes, secrets);
         drop(client);
         let (updates_tx, mut updates) = watch::channel(None);
         let (changed_tx, changed) = watch::channel(0u64);
@@ -624,6 +790,8 @@ mod feed {
         taken(&routes_tx).await;
         list(&plugins_tx, vec![object(auth)]).await;
         taken(&plugins_tx).await;
+        list(&mcp_routes_tx, vec![]).await;
+        taken(&mcp_routes_tx).await;
         list(&secrets_tx, vec![secret_metadata("5")]).await;
         serve_secret(&mut api, "5", "sk-one").await;
         let desired = next(&mut updates).await;
@@ -675,6 +843,107 @@ mod feed {
         drop(updates);
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("the feed ends with its data plane").unwrap();
         api.done().await;
+    }
+
+    /// The feed over test watches, running: the senders of each watch, the
+    /// published configs and generations, and the API server's verifier.
+    struct Running {
+        plugins: Sender<GatewayPlugin>,
+        routes: Sender<AIModelRoute>,
+        mcp_routes: Sender<MCPRoute>,
+        secrets: Sender<PartialObjectMeta<Secret>>,
+        updates: watch::Receiver<Option<ConfigUpdate>>,
+        published: Arc<Mutex<Published>>,
+        api: ApiServerVerifier,
+    }
+
+    fn start() -> Running {
+        let (client, api) = mock_client();
+        let (plugins_tx, plugins) = watch_stream::<GatewayPlugin>();
+        let (routes_tx, routes) = watch_stream::<AIModelRoute>();
+        let (mcp_routes_tx, mcp_routes) = watch_stream::<MCPRoute>();
+        let (secrets_tx, secrets) = watch_stream::<PartialObjectMeta<Secret>>();
+        let tenancy = Arc::new(Tenancy::default().resolved("team"));
+        let feed = Feed::from_watches(&client, tenancy, plugins, routes, mcp_routes, secrets);
+        let (updates_tx, updates) = watch::channel(None);
+        let published = Arc::new(Mutex::new(Published::default()));
+        tokio::spawn(feed.run(updates_tx, published.clone(), watch::channel(0u64).0));
+        Running {
+            plugins: plugins_tx,
+            routes: routes_tx,
+            mcp_routes: mcp_routes_tx,
+            secrets: secrets_tx,
+            updates,
+            published,
+            api,
+        }
+    }
+
+    fn mcp(name: &str, created: &str, path: &str, server: Value) -> MCPRoute {
+        let mut route = mcp_route(name, 1, json!({"path": path, "servers": [server], "plugins": [{"name": "auth"}]}));
+        route["metadata"]["creationTimestamp"] = created.into();
+        object(route)
+    }
+
+    /// MCPRoutes become the desired config's `mcp_routes`, Secrets resolved;
+    /// of two on one path only the older is published, and the younger
+    /// takes the path when the older goes.
+    #[tokio::test]
+    async fn mcp_routes_become_the_desired_configs_and_the_older_keeps_a_path() {
+        let mut feed = start();
+        let server = json!({"name": "tools", "url": "http://tools.example:8000/mcp"});
+        let keyed = json!({"name": "tools", "url": "http://tools.example:8000/mcp",
+                           "apiKeySecretRef": {"name": "key", "key": "token"}});
+        let older = mcp("older", "2026-01-01T00:00:00Z", "/mcp", keyed);
+        let younger = mcp("younger", "2026-02-01T00:00:00Z", "/mcp", server.clone());
+        let other = mcp("other", "2026-03-01T00:00:00Z", "/other", server);
+        list(&feed.plugins, vec![object(plugin("auth", 1, json!({"source": {"oci": "r.example/auth:1"}})))]).await;
+        list(&feed.routes, vec![]).await;
+        list(&feed.mcp_routes, vec![younger, older.clone(), other]).await;
+        list(&feed.secrets, vec![secret_metadata("5")]).await;
+        serve_secret(&mut feed.api, "5", "sk-mcp").await;
+        let desired = next(&mut feed.updates).await;
+        let names =
+            |desired: &DesiredConfig| -> Vec<String> { desired.mcp_routes.iter().map(|r| r.key.to_string()).collect() };
+        assert_eq!(names(&desired), ["team/older", "team/other"]);
+        assert!(
+            matches!(&desired.mcp_routes[0].servers[0].api_key, Some(ApiKeySource::Value(k)) if k.expose() == "sk-mcp")
+        );
+        assert_eq!(desired.mcp_routes[1].plugins[0].to_string(), "team/auth");
+        let generations = feed.published.lock().generations(desired.revision).unwrap();
+        let mut published: Vec<String> = generations.mcp_routes.keys().map(ToString::to_string).collect();
+        published.sort();
+        assert_eq!(published, ["team/older", "team/other"], "no load report is read for the loser");
+
+        feed.mcp_routes.send(Ok(Event::Delete(older))).await.unwrap();
+        let desired = next(&mut feed.updates).await;
+        assert_eq!(names(&desired), ["team/other", "team/younger"]);
+    }
+
+    /// A cluster whose MCPRoute CRD (or RBAC) is missing, as after an
+    /// upgrade that left CRDs alone, still gets the rest of its config.
+    #[tokio::test]
+    async fn a_cluster_without_the_mcp_route_crd_serves_the_other_kinds() {
+        let mut feed = start();
+        list(&feed.plugins, vec![]).await;
+        list(
+            &feed.routes,
+            vec![object(route(
+                "r",
+                1,
+                json!({"models": ["m"],
+            "backends": [{"url": "http://upstream.example:1/v1"}]}),
+            ))],
+        )
+        .await;
+        list(&feed.secrets, vec![]).await;
+        taken(&feed.secrets).await;
+        assert!(!feed.updates.has_changed().unwrap(), "nothing before the MCPRoute watch has listed or failed");
+        let missing = kube::core::Status::failure("the server could not find the requested resource", "NotFound");
+        let error = watcher::Error::InitialListFailed(kube::Error::Api(missing.with_code(404).boxed()));
+        feed.mcp_routes.send(Err(error)).await.unwrap();
+        let desired = next(&mut feed.updates).await;
+        assert_eq!((desired.routes.len(), desired.mcp_routes.len()), (1, 0));
     }
 }
 

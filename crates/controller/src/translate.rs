@@ -8,10 +8,10 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use serde_json::Value;
-use sluice_api::{AIModelRoute, GatewayPlugin, SecretKeySelector, ValueFormat};
+use sluice_api::{AIModelRoute, BackendTlsSpec, GatewayPlugin, MCPRoute, SecretKeySelector, ValueFormat};
 use sluice_core::{
-    ApiKeySource, ModelConflict, Pem, PluginDecl, PluginSource, Redactions, RegistryCredentials, ResourceKey,
-    RouteDecl, reason,
+    ApiKeySource, BackendTls, DesiredConfig, McpRouteDecl, ModelConflict, Pem, PluginDecl, PluginSource, Redactions,
+    RegistryCredentials, ResourceKey, RouteDecl, reason,
 };
 
 use crate::Tenancy;
@@ -231,33 +231,120 @@ fn resolve_route(
             redactions.add(&key);
             backend.api_key = Some(ApiKeySource::Value(sluice_core::Secret::new(key.trim().to_string())));
         }
-        if let (Some(tls), Some(reference)) = (&mut backend.tls, spec.tls.as_ref().and_then(|t| t.secret_ref.as_ref()))
+        if let Some(tls) = &mut backend.tls {
+            tls_from_secret(tls, spec.tls.as_ref(), secrets, &decl.key.namespace)?;
+        }
+    }
+    Ok(decl)
+}
+
+/// Fills an upstream's TLS PEM from its `tls.secretRef`, if it names one.
+fn tls_from_secret(
+    tls: &mut BackendTls,
+    spec: Option<&BackendTlsSpec>,
+    secrets: &impl Secrets,
+    namespace: &str,
+) -> Result<(), Problem> {
+    let Some(reference) = spec.and_then(|t| t.secret_ref.as_ref()) else { return Ok(()) };
+    let secret = secrets.get(namespace, &reference.name).ok_or_else(|| {
+        Problem::unresolved(
+            reason::SECRET_NOT_FOUND,
+            format!("Secret {namespace}/{} (tls.secretRef) does not exist", reference.name),
+        )
+    })?;
+    let pem = |key: &str| {
+        secret_bytes(&secret, key)
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .map(|text| Pem::Value(sluice_core::Secret::new(text)))
+    };
+    tls.ca = pem("ca.crt");
+    (tls.client_cert, tls.client_key) = (pem("tls.crt"), pem("tls.key"));
+    if tls.ca.is_none() && tls.client_cert.is_none() {
+        return Err(Problem::unresolved(
+            reason::SECRET_NOT_FOUND,
+            format!("Secret {namespace}/{} holds neither ca.crt nor tls.crt", reference.name),
+        ));
+    }
+    if tls.client_cert.is_some() != tls.client_key.is_some() {
+        return Err(Problem::invalid(format!(
+            "Secret {namespace}/{}: tls.crt and tls.key go together",
+            reference.name
+        )));
+    }
+    Ok(())
+}
+
+/// The declaration an MCPRoute asks for, with its Secrets resolved: what
+/// [`route`] does for an AIModelRoute's backends, for its servers.
+/// `plugin_exists` as there.
+#[cfg(test)]
+pub fn mcp_route(
+    route: &MCPRoute,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    plugin_exists: impl Fn(&ResourceKey) -> bool,
+) -> Result<McpRouteDecl, Problem> {
+    mcp_route_redacted(route, secrets, tenancy, plugin_exists).0
+}
+
+/// [`mcp_route`], and the Secret values it read (even if it then failed).
+pub fn mcp_route_redacted(
+    route: &MCPRoute,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    plugin_exists: impl Fn(&ResourceKey) -> bool,
+) -> (Result<McpRouteDecl, Problem>, Redactions) {
+    let mut redactions = Redactions::default();
+    (resolve_mcp_route(route, secrets, tenancy, plugin_exists, &mut redactions), redactions)
+}
+
+fn resolve_mcp_route(
+    route: &MCPRoute,
+    secrets: &impl Secrets,
+    tenancy: &Tenancy,
+    plugin_exists: impl Fn(&ResourceKey) -> bool,
+    redactions: &mut Redactions,
+) -> Result<McpRouteDecl, Problem> {
+    // A server is an upstream like a backend: the same files, variables
+    // and addresses are the gateway's own to lend or not.
+    for server in &route.spec.servers {
+        if let Some(file) = &server.api_key_file {
+            host_file(tenancy, "apiKeyFile", file)?;
+        }
+        if let Some(tls) = &server.tls {
+            for (field, file) in
+                [("tls.caFile", &tls.ca_file), ("tls.certFile", &tls.cert_file), ("tls.keyFile", &tls.key_file)]
+            {
+                if let Some(file) = file {
+                    host_file(tenancy, field, file)?;
+                }
+            }
+        }
+        if let Some(why) = tenancy.backends.refuses_url(&server.url) {
+            return Err(Problem::not_permitted(why));
+        }
+        if let Some(name) = &server.api_key_env
+            && !tenancy.allows_env(name)
         {
-            let secret = secrets.get(&decl.key.namespace, &reference.name).ok_or_else(|| {
-                Problem::unresolved(
-                    reason::SECRET_NOT_FOUND,
-                    format!("Secret {}/{} (tls.secretRef) does not exist", decl.key.namespace, reference.name),
-                )
-            })?;
-            let pem = |key: &str| {
-                secret_bytes(&secret, key)
-                    .and_then(|bytes| String::from_utf8(bytes).ok())
-                    .map(|text| Pem::Value(sluice_core::Secret::new(text)))
-            };
-            tls.ca = pem("ca.crt");
-            (tls.client_cert, tls.client_key) = (pem("tls.crt"), pem("tls.key"));
-            if tls.ca.is_none() && tls.client_cert.is_none() {
-                return Err(Problem::unresolved(
-                    reason::SECRET_NOT_FOUND,
-                    format!("Secret {}/{} holds neither ca.crt nor tls.crt", decl.key.namespace, reference.name),
-                ));
-            }
-            if tls.client_cert.is_some() != tls.client_key.is_some() {
-                return Err(Problem::invalid(format!(
-                    "Secret {}/{}: tls.crt and tls.key go together",
-                    decl.key.namespace, reference.name
-                )));
-            }
+            return Err(Problem::not_permitted(format!(
+                "apiKeyEnv `{name}`: this gateway lends a resource no environment variable of its own unless its \
+                 operator allows it (--allow-host-env); use apiKeySecretRef"
+            )));
+        }
+    }
+    let mut decl = route.decl(Path::new("/")).map_err(Problem::invalid)?;
+    if let Some(missing) = decl.plugins.iter().find(|key| !plugin_exists(key)) {
+        return Err(Problem::unresolved(reason::PLUGIN_NOT_FOUND, format!("GatewayPlugin {missing} does not exist")));
+    }
+    let namespace = decl.key.namespace.clone();
+    for (server, spec) in decl.servers.iter_mut().zip(&route.spec.servers) {
+        if let Some(selector) = &spec.api_key_secret_ref {
+            let key = secret_text(secrets, &namespace, selector)?;
+            redactions.add(&key);
+            server.api_key = Some(ApiKeySource::Value(sluice_core::Secret::new(key.trim().to_string())));
+        }
+        if let Some(tls) = &mut server.tls {
+            tls_from_secret(tls, spec.tls.as_ref(), secrets, &namespace)?;
         }
     }
     Ok(decl)
@@ -304,6 +391,28 @@ pub fn model_conflicts(routes: &[(&AIModelRoute, &RouteDecl)]) -> HashMap<Resour
                 message: format!("model `{model}` is already served by the older AIModelRoute {owner}"),
             };
             (route, problem)
+        })
+        .collect()
+}
+
+/// MCPRoutes that claim a path an older MCPRoute serves lose it, as
+/// [`model_conflicts`] for models: age is creation time, then name, and the
+/// rule is core's ([`DesiredConfig::mcp_conflicts`]).
+pub fn path_conflicts(routes: &[(&MCPRoute, &McpRouteDecl)]) -> HashMap<ResourceKey, Problem> {
+    let mut by_age: Vec<_> = routes.iter().collect();
+    by_age.sort_by_key(|(route, decl)| (route.creation_timestamp().map(|t| t.0), decl.key.clone()));
+    let keys: HashMap<String, &ResourceKey> =
+        by_age.iter().map(|(_, decl)| (format!("MCPRoute {}", decl.key), &decl.key)).collect();
+    let desired =
+        DesiredConfig { mcp_routes: by_age.iter().map(|(_, decl)| (*decl).clone()).collect(), ..Default::default() };
+    desired
+        .mcp_conflicts()
+        .into_iter()
+        .filter_map(|error| {
+            let key = keys.get(&error.resource)?;
+            let problem =
+                Problem { condition: Condition::Accepted, reason: reason::PATH_CONFLICT, message: error.message };
+            Some(((*key).clone(), problem))
         })
         .collect()
 }

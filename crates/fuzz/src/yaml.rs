@@ -348,6 +348,23 @@ pub fn check_text(text: &str) {
                     other => panic!("{again} read back as {other:?}"),
                 }
             }
+            Document::McpRoute(route) => {
+                let key = route.key();
+                assert!(!key.name.is_empty(), "{key:?}");
+                let _ = route.secret_names().count();
+                let Ok(decl) = route.decl(base) else { continue };
+                // What `decl` accepts, every config source's check accepts.
+                assert_eq!(decl.check(), Ok(()), "{decl:?}");
+                assert!(decl.plugins.iter().all(|p| p.namespace == key.namespace));
+                assert!(decl.servers.iter().all(|s| !s.timeout.is_zero()), "an MCP server timeout of zero");
+                let again = serde_yaml_ng::to_string(&route).expect("an MCP route serializes");
+                match parse_documents(&again).as_slice() {
+                    [Ok(Document::McpRoute(back))] => {
+                        assert_eq!((&back.metadata, &back.spec), (&route.metadata, &route.spec), "{again}")
+                    }
+                    other => panic!("{again} read back as {other:?}"),
+                }
+            }
         }
     }
 }

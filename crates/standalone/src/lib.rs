@@ -1,5 +1,5 @@
-//! Standalone mode's config source: GatewayPlugin and AIModelRoute YAML in
-//! a directory, as they would be applied to a cluster.
+//! Standalone mode's config source: GatewayPlugin, AIModelRoute and MCPRoute
+//! YAML in a directory, as they would be applied to a cluster.
 //!
 //! A source publishes the whole desired state on a watch channel, the
 //! latest only: [`FileSource`] here, and the Kubernetes feed in
@@ -138,6 +138,12 @@ fn read_dir(dir: &Path) -> (ConfigUpdate, [u8; 32]) {
                     .decl(base)
                     .and_then(|decl| no_secret_refs(route.secret_names()).map(|()| desired.routes.push(decl)))
                     .map_err(|e| format!("AIModelRoute {}: {e}", route.key())),
+                // In file order, as routes: the order is the precedence when
+                // two claim one path (DesiredConfig::mcp_conflicts).
+                Document::McpRoute(route) => route
+                    .decl(base)
+                    .and_then(|decl| no_secret_refs(route.secret_names()).map(|()| desired.mcp_routes.push(decl)))
+                    .map_err(|e| format!("MCPRoute {}: {e}", route.key())),
             });
             if let Err(message) = result {
                 errors.push(ResourceError::new(format!("file {}", path.display()), message));
@@ -222,7 +228,7 @@ fn no_secret_refs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<(), St
     match names.next() {
         Some(name) => Err(format!(
             "refers to Secret `{name}`, but Secrets need `sluice run --kubernetes`; \
-             in standalone mode put the value in `config`, or use a backend's apiKeyFile or apiKeyEnv"
+             in standalone mode put the value in `config`, or use a backend's (or MCP server's) apiKeyFile or apiKeyEnv"
         )),
         None => Ok(()),
     }
@@ -340,6 +346,47 @@ mod tests {
         std::fs::write(dir.path().join("route.yaml"), ROUTE.replace("spec: {", "spec: {endpoints: [], ")).unwrap();
         let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("expected errors") };
         assert!(errors[0].message.contains("endpoints"), "{errors:?}");
+    }
+
+    const MCP: &str = "apiVersion: sluice.dev/v1alpha1\nkind: MCPRoute\nmetadata: {name: NAME}\nspec: {path: /mcp, servers: [{name: s, url: 'http://127.0.0.1:1/mcp', apiKeyFile: key}], plugins: [{name: p}]}\n";
+
+    /// MCPRoutes are read as routes are: paths relative to their file, and
+    /// in file order, which is the precedence when two claim one path (the
+    /// gateway serves the first).
+    #[test]
+    fn mcp_routes_are_read_in_file_order_with_paths_per_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("b")).unwrap();
+        std::fs::write(dir.path().join("a.yaml"), MCP.replace("NAME", "first")).unwrap();
+        std::fs::write(dir.path().join("b/m.yaml"), MCP.replace("NAME", "second")).unwrap();
+        let (ConfigUpdate::Desired(desired), _) = read_dir(dir.path()) else { panic!("expected a valid config") };
+        let names: Vec<&str> = desired.mcp_routes.iter().map(|r| r.key.name.as_str()).collect();
+        assert_eq!(names, ["first", "second"]);
+        let server = &desired.mcp_routes[1].servers[0];
+        assert_eq!(server.api_key, Some(sluice_core::ApiKeySource::File(dir.path().join("b/key"))));
+        let conflicts = desired.mcp_conflicts();
+        assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+        assert_eq!(conflicts[0].resource, "MCPRoute default/second");
+    }
+
+    /// A bad MCPRoute fails the update as a bad AIModelRoute does, named by
+    /// file and route; so does a Secret reference, which files cannot have.
+    #[test]
+    fn a_bad_mcp_route_invalidates_the_update_and_is_named() {
+        for (from, to, expected) in [
+            ("path: /mcp", "path: /v1/mcp", "/v1/mcp"),
+            ("name: s,", "name: S,", "server name `S`"),
+            ("apiKeyFile: key", "apiKeySecretRef: {name: k, key: t}", "refers to Secret `k`"),
+            ("plugins:", "plugin:", "plugin"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("route.yaml"), ROUTE).unwrap();
+            std::fs::write(dir.path().join("mcp.yaml"), MCP.replace("NAME", "m").replace(from, to)).unwrap();
+            let (ConfigUpdate::Invalid(errors), _) = read_dir(dir.path()) else { panic!("{to}: expected errors") };
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].resource.ends_with("mcp.yaml"), "{errors:?}");
+            assert!(errors[0].message.contains("MCPRoute") && errors[0].message.contains(expected), "{errors:?}");
+        }
     }
 
     #[test]

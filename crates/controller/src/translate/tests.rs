@@ -370,3 +370,90 @@ fn a_route_naming_a_missing_plugin_is_unresolved() {
     let problem = super::route(&route, &secrets(&[]), &tenancy(), |_| false).unwrap_err();
     assert_eq!(problem.reason, "PluginNotFound");
 }
+
+fn mcp(name: &str, created: &str, path: &str, server: Value) -> MCPRoute {
+    serde_json::from_value(json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "MCPRoute",
+        "metadata": {"name": name, "namespace": "team", "creationTimestamp": created},
+        "spec": {"path": path, "servers": [server], "plugins": [{"name": "auth"}]}
+    }))
+    .unwrap()
+}
+
+fn mcp_server(extra: Value) -> Value {
+    let mut server = json!({"name": "tools", "url": "https://tools.example/mcp"});
+    server.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    server
+}
+
+/// A server's key and CA come from Secrets in the route's namespace, as a
+/// backend's do, and the key is among the values redacted from messages.
+#[test]
+fn mcp_server_keys_and_tls_come_from_secrets() {
+    let route = mcp(
+        "m",
+        "2026-01-01T00:00:00Z",
+        "/mcp",
+        mcp_server(json!({"apiKeySecretRef": {"name": "key", "key": "token"}, "tls": {"secretRef": {"name": "ca"}}})),
+    );
+    let store = secrets(&[secret("key", None, &[("token", "sk-mcp\n")]), secret("ca", None, &[("ca.crt", "PEM")])]);
+    let (decl, redactions) = mcp_route_redacted(&route, &store, &tenancy(), |p| p.name == "auth");
+    let decl = decl.unwrap();
+    let server = &decl.servers[0];
+    assert!(matches!(&server.api_key, Some(ApiKeySource::Value(key)) if key.expose() == "sk-mcp"));
+    assert!(matches!(&server.tls.as_ref().unwrap().ca, Some(Pem::Value(pem)) if pem.expose() == "PEM"));
+    assert_eq!(decl.plugins, [ResourceKey::new("team", "auth")]);
+    assert_eq!(redactions.apply("key sk-mcp leaked"), "key [redacted] leaked");
+
+    let problem = mcp_route(&route, &secrets(&[]), &tenancy(), |_| true).unwrap_err();
+    assert_eq!((problem.condition, problem.reason), (Condition::ResolvedRefs, reason::SECRET_NOT_FOUND));
+    let problem = mcp_route(&route, &store, &tenancy(), |_| false).unwrap_err();
+    assert_eq!(
+        (problem.reason, problem.message.as_str()),
+        (reason::PLUGIN_NOT_FOUND, "GatewayPlugin team/auth does not exist")
+    );
+}
+
+/// A server is an upstream like a backend: the gateway's own files,
+/// variables and network position are not lent to it either.
+#[test]
+fn mcp_servers_get_no_more_of_the_gateway_than_backends() {
+    let refused = [
+        mcp_server(json!({"apiKeyFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"})),
+        mcp_server(json!({"apiKeyEnv": "HOME"})),
+        mcp_server(json!({"url": "http://169.254.169.254/latest/"})),
+    ];
+    let tenancy =
+        Tenancy { backends: sluice_core::BackendPolicy { restricted: true, ..Default::default() }, ..tenancy() };
+    for server in refused {
+        let route = mcp("m", "2026-01-01T00:00:00Z", "/mcp", server.clone());
+        let problem = mcp_route(&route, &secrets(&[]), &tenancy, |_| true).unwrap_err();
+        assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::NOT_PERMITTED), "{server}");
+    }
+    // What the schema lets through and the declaration refuses is Invalid.
+    let route = mcp("m", "2026-01-01T00:00:00Z", "/v1/mcp", mcp_server(json!({})));
+    let problem = mcp_route(&route, &secrets(&[]), &tenancy, |_| true).unwrap_err();
+    assert_eq!(problem.reason, reason::INVALID);
+    assert!(problem.message.contains("/v1/mcp"), "{}", problem.message);
+}
+
+/// Of MCPRoutes claiming one path the oldest serves it, then the first by
+/// name; each other one is told which route holds it.
+#[test]
+fn the_older_mcp_route_keeps_a_contested_path() {
+    let older = mcp("b-older", "2026-01-01T00:00:00Z", "/mcp", mcp_server(json!({})));
+    let newer = mcp("a-newer", "2026-02-01T00:00:00Z", "/mcp", mcp_server(json!({})));
+    let twin = mcp("c-twin", "2026-01-01T00:00:00Z", "/mcp", mcp_server(json!({})));
+    let elsewhere = mcp("d-elsewhere", "2026-03-01T00:00:00Z", "/other", mcp_server(json!({})));
+    let routes = [&newer, &twin, &elsewhere, &older];
+    let decls: Vec<_> = routes.iter().map(|r| mcp_route(r, &secrets(&[]), &tenancy(), |_| true).unwrap()).collect();
+    let pairs: Vec<_> = routes.iter().copied().zip(&decls).collect();
+    let conflicts = path_conflicts(&pairs);
+    let mut losers: Vec<&str> = conflicts.keys().map(|k| k.name.as_str()).collect();
+    losers.sort_unstable();
+    assert_eq!(losers, ["a-newer", "c-twin"]);
+    for problem in conflicts.values() {
+        assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::PATH_CONFLICT));
+        assert!(problem.message.contains("`/mcp`") && problem.message.contains("team/b-older"), "{}", problem.message);
+    }
+}

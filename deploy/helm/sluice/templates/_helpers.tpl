@@ -100,14 +100,15 @@ secret:
 
 {{/* The RBAC rules for reading configuration in one namespace (or all, in a ClusterRole). */}}
 {{- define "sluice.configRules" -}}
-# The configuration: the gateway lists and watches plugins and routes.
+# The configuration: the gateway lists and watches plugins and routes
+# (AI model routes and MCP routes).
 - apiGroups: [sluice.dev]
-  resources: [gatewayplugins, aimodelroutes]
+  resources: [gatewayplugins, aimodelroutes, mcproutes]
   verbs: [get, list, watch]
 # It reports what it serves (digest, observedGeneration) in their status,
 # written with server-side apply, which is a patch.
 - apiGroups: [sluice.dev]
-  resources: [gatewayplugins/status, aimodelroutes/status]
+  resources: [gatewayplugins/status, aimodelroutes/status, mcproutes/status]
   verbs: [get, patch]
 # The Secrets that resources point at: a plugin's configFrom and
 # pullSecretRef, a backend's apiKeySecretRef. list/watch cannot be limited
