@@ -598,15 +598,14 @@ fn build_mcp_routes(
             continue;
         }
         let old = previous_routes.get(&decl.key).map(|r| &***r);
-        let message = match build_mcp_route(decl, plugins, policy, old) {
+        let (reason, message) = match build_mcp_route(decl, plugins, policy, old) {
             Ok(route) => {
                 report.mcp_routes.insert(decl.key.clone(), LoadState::ready(None));
                 by_path.insert(decl.path.clone(), Arc::new(route));
                 continue;
             }
-            Err(message) => message,
+            Err(refused) => refused,
         };
-        let reason = if message.contains("is not loaded") { reason::CHAIN_NOT_READY } else { reason::INVALID };
         report.mcp_routes.insert(decl.key.clone(), LoadState::failed(reason, &message, None));
         match previous_routes.get(&decl.key) {
             Some(route) => {
@@ -630,15 +629,17 @@ fn build_mcp_route(
     plugins: &HashMap<ResourceKey, Arc<LoadedPlugin>>,
     policy: &Arc<BackendPolicy>,
     previous: Option<&McpRoute>,
-) -> Result<McpRoute, String> {
-    decl.check()?;
+) -> Result<McpRoute, (&'static str, String)> {
+    decl.check().map_err(|why| (reason::INVALID, why))?;
     if let Some(why) = decl.servers.iter().find_map(|s| policy.refuses_url(&s.url)) {
-        return Err(why);
+        return Err((reason::NOT_PERMITTED, why));
     }
     let mut chain: Vec<Arc<LoadedPlugin>> = decl
         .plugins
         .iter()
-        .map(|key| plugins.get(key).cloned().ok_or_else(|| format!("plugin {key} is not loaded")))
+        .map(|key| {
+            plugins.get(key).cloned().ok_or_else(|| (reason::CHAIN_NOT_READY, format!("plugin {key} is not loaded")))
+        })
         .collect::<Result<_, _>>()?;
     chain.sort_by_key(|plugin| plugin.decl.phase);
     let servers = decl
@@ -667,7 +668,8 @@ fn build_mcp_route(
             };
             Ok(McpServer { name: s.name.clone(), url: s.url.clone(), uri, credential, timeout: s.timeout, client })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, String>>()
+        .map_err(|why| (reason::INVALID, why))?;
     Ok(McpRoute { decl: decl.clone(), label: decl.key.to_string().into(), chain, servers })
 }
 

@@ -565,14 +565,13 @@ async fn in_session(
     stream::relay(route, server, response, rename, call, share, limit)
 }
 
+/// The server a request goes to, or the JSON-RPC error refusing it.
+type Routed<'a> = Result<&'a McpServer, (i64, String)>;
+
 /// The server a request is for, and how its answer is renamed: by the
 /// prefix of its tool or prompt name, or of its resource URI, which is
 /// taken off for the server. `None` for a method not routed by name.
-fn target<'a>(
-    route: &'a McpRoute,
-    message: &mut Message,
-    method: &str,
-) -> Option<(Result<&'a McpServer, (i64, String)>, stream::Rename)> {
+fn target<'a>(route: &'a McpRoute, message: &mut Message, method: &str) -> Option<(Routed<'a>, stream::Rename)> {
     let (member, rename) = match method {
         "tools/call" | "prompts/get" => ("name", stream::Rename::None),
         "resources/read" => ("uri", stream::Rename::Uris),
@@ -605,8 +604,8 @@ fn complete_target<'a>(route: &'a McpRoute, message: &mut Message) -> Result<&'a
     let bad = || (INVALID_PARAMS, "completion/complete needs a `ref` naming a prompt or a resource".to_string());
     let reference =
         message.params_mut().and_then(|p| p.get_mut("ref")).and_then(Value::as_object_mut).ok_or_else(bad)?;
-    let (member, split): (&str, fn(&str) -> Option<(&str, &str)>) = match reference.get("type").and_then(Value::as_str)
-    {
+    type Split = fn(&str) -> Option<(&str, &str)>;
+    let (member, split): (&str, Split) = match reference.get("type").and_then(Value::as_str) {
         Some("ref/prompt") => ("name", names::split_name),
         Some("ref/resource") => ("uri", names::split_uri),
         _ => return Err(bad()),
@@ -733,7 +732,7 @@ async fn listen(
     record.mcp_method = Some("GET".into());
     let (session, key) = match open_session(gateway, route, request.headers()) {
         Ok(opened) => opened,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let passed = passed_on(request.headers());
     let opened = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?))).map(
@@ -774,7 +773,7 @@ async fn end(
     record.mcp_method = Some("DELETE".into());
     let (session, _) = match open_session(gateway, route, request.headers()) {
         Ok(opened) => opened,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let passed = passed_on(request.headers());
     let ended = route
@@ -788,18 +787,16 @@ async fn end(
     response
 }
 
+/// The session a GET or DELETE names, or the client's error (boxed: a
+/// response is large beside the record).
 fn open_session(
     gateway: &Gateway,
     route: &McpRoute,
     headers: &HeaderMap,
-) -> Result<(Record, Option<HeaderValue>), http::Response<Body>> {
+) -> Result<(Record, Option<HeaderValue>), Box<http::Response<Body>>> {
     let Some(value) = headers.get(SESSION_HEADER) else {
-        return Err(rpc_error(
-            StatusCode::BAD_REQUEST,
-            Value::Null,
-            INVALID_REQUEST,
-            "the Mcp-Session-Id header is required",
-        ));
+        let why = "the Mcp-Session-Id header is required";
+        return Err(Box::new(rpc_error(StatusCode::BAD_REQUEST, Value::Null, INVALID_REQUEST, why)));
     };
     let opened = value
         .to_str()
@@ -807,7 +804,7 @@ fn open_session(
         .and_then(|id| gateway.settings.mcp_session_keys.open(id, &route.decl.key.to_string()));
     match opened {
         Ok(session) => Ok((session, Some(value.clone()))),
-        Err(why) => Err(rpc_error(StatusCode::NOT_FOUND, Value::Null, INVALID_REQUEST, &why.to_string())),
+        Err(why) => Err(Box::new(rpc_error(StatusCode::NOT_FOUND, Value::Null, INVALID_REQUEST, &why.to_string()))),
     }
 }
 

@@ -273,7 +273,7 @@ mod tests {
         assert!(matches!(SessionKeys::parse("# none\n", "k"), Err(KeyError::Empty { .. })));
         let short = SessionKeys::parse("AAEC", "k").err().unwrap();
         assert_eq!(short.to_string(), "MCP session key file k, line 1: not 32 bytes of base64 or hex");
-        let nine = vec![KEY_A; MAX_KEYS + 1].join("\n");
+        let nine = [KEY_A; MAX_KEYS + 1].join("\n");
         assert!(matches!(SessionKeys::parse(&nine, "k"), Err(KeyError::TooMany { .. })));
         assert!(!SessionKeys::parse(KEY_B, "k").unwrap().ephemeral);
         assert!(SessionKeys::ephemeral().ephemeral);

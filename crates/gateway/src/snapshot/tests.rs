@@ -197,3 +197,31 @@ async fn auth_plugins_run_first_whatever_the_route_order() {
     let chain: Vec<_> = snapshot.route_for("m").unwrap().chain.iter().map(|p| p.decl.key.name.clone()).collect();
     assert_eq!(chain, ["deny", "add-header"]);
 }
+
+/// MC5: an MCP route's servers are held to the backend policy, as a
+/// route's backends are: under `--restrict-backends`, a server on loopback
+/// or the metadata service is refused before the route is served.
+#[tokio::test]
+async fn an_mcp_server_the_backend_policy_refuses_is_not_served() {
+    let runtime = runtime();
+    let restricted = Arc::new(sluice_core::BackendPolicy { restricted: true, ..Default::default() });
+    for url in ["http://127.0.0.1:8000/mcp", "http://169.254.169.254/mcp", "http://[::1]:8000/mcp"] {
+        let mut decl = sluice_core::McpRouteDecl::new(ResourceKey::new("team", "tools"), "/mcp");
+        decl.servers.push(sluice_core::McpServerDecl {
+            name: "inside".into(),
+            url: url.into(),
+            api_key: None,
+            timeout: Duration::from_secs(1),
+            tls: None,
+        });
+        let desired = DesiredConfig { mcp_routes: vec![decl.clone()], ..Default::default() };
+        let (open, report) =
+            build(&runtime, None, &desired, &Snapshot::default(), Duration::from_secs(60), &Arc::default()).await;
+        assert!(open.mcp_route("/mcp").is_some(), "{url}: {:?}", report.errors);
+        let (closed, report) =
+            build(&runtime, None, &desired, &Snapshot::default(), Duration::from_secs(60), &restricted).await;
+        assert!(closed.mcp_route("/mcp").is_none(), "{url} was served under --restrict-backends");
+        let state = &report.mcp_routes[&decl.key];
+        assert_eq!((state.ready, state.reason.as_deref()), (false, Some(reason::NOT_PERMITTED)), "{url}: {state:?}");
+    }
+}
