@@ -403,3 +403,45 @@ async fn mcp_policy_allows_tools_per_consumer_and_forces_arguments() {
     let series = r#"sluice_mcp_calls_total{route="default/tools",server="files",tool="files__echo",consumer="key:bob",result="ok"} 2"#;
     assert!(metrics.contains(series), "{metrics}");
 }
+
+/// The data of each SSE event in a body, as JSON.
+fn events_in(body: &str) -> Vec<Value> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
+            (!data.is_empty()).then(|| serde_json::from_str(&data.join("\n")).unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn response_hooks_see_each_answer_and_its_end() {
+    let probe = Plugin::new("probe", "probe").config(json!({"body": true}));
+    let setup = setup(&[probe], "", Options::default()).await;
+    let json_type = ("content-type", "application/json");
+    let accept = ("accept", "application/json, text/event-stream");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+    let opened = setup.gateway.post("/mcp", initialize.to_string(), &[json_type, accept]).await;
+    let session = opened.header("mcp-session-id").unwrap_or_else(|| panic!("{}", opened.text())).to_string();
+    let in_session = [json_type, accept, ("mcp-session-id", &session), ("mcp-protocol-version", "2025-11-25")];
+    // The server answers a call as an SSE stream: progress, then the answer,
+    // which the probe's response-body hook marks; the progress passes as sent.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "weather__count", "arguments": {"n": 2, "delay_ms": 1}, "_meta": {"progressToken": "t"}}});
+    let reply = setup.gateway.post("/mcp", call.to_string(), &in_session).await;
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"), "{}", reply.text());
+    let events = events_in(&reply.text());
+    let answer = events.last().unwrap();
+    assert_eq!((&answer["id"], &answer["probe"]), (&json!(2), &json!("seen")), "{events:?}");
+    assert_eq!(answer["result"]["content"][0]["text"], "weather counted 2");
+    let progress: Vec<&Value> = events.iter().filter(|e| e["method"] == "notifications/progress").collect();
+    assert_eq!(progress.len(), 2, "{events:?}");
+    assert!(progress.iter().all(|e| e.get("probe").is_none()), "{events:?}");
+    // Its response-end hook ran once the answer went out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !setup.gateway.log().contains("probe: response ended") {
+        assert!(std::time::Instant::now() < deadline, "{}", setup.gateway.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -292,15 +292,16 @@ async fn run_chain(
 
 /// How an MCP message's request phase ended.
 pub enum McpFiltered {
-    /// Forward the (edited) message; the response gets these headers.
-    Forward(HeaderMap),
+    /// Forward the (edited) message; the response gets these headers, and
+    /// these instances see the server's answer.
+    Forward(HeaderMap, Vec<Engaged>),
     /// A plugin answered: its response, and its name.
     Respond(http::Response<Body>, String),
 }
 
 /// Runs an MCP route's request hooks in chain order on one JSON-RPC
-/// message (`request.mcp` says what it is). The response hooks are not
-/// called on MCP traffic: a result streams through as the server sends it.
+/// message (`request.mcp` says what it is), keeping the instances that
+/// want to see the answer.
 pub async fn mcp_filters(
     chain: &[Arc<LoadedPlugin>],
     request: &mut PluginRequest,
@@ -308,6 +309,7 @@ pub async fn mcp_filters(
 ) -> Result<McpFiltered, ApiError> {
     let mut marks = Vec::new();
     let mut settlements = Vec::new();
+    let mut engaged = Vec::new();
     for (i, plugin) in chain.iter().enumerate() {
         let step = Box::pin(request_filter(plugin, None, request, Some(&mut *record), &mut settlements)).await?;
         marks.push(std::mem::take(&mut request.response_headers));
@@ -317,15 +319,20 @@ pub async fn mcp_filters(
             record.consumer = consumer(&request.headers);
             request.consumer.clone_from(&record.consumer);
         }
-        if let Step::Respond(mut response) = step {
-            set_all(response.headers_mut(), &response_marks(marks));
-            settle_all(settlements, response.status().as_u16(), None);
-            return Ok(McpFiltered::Respond(response, plugin.name().to_string()));
+        match step {
+            Step::Continue(instance) => {
+                engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
+            }
+            Step::Respond(mut response) => {
+                set_all(response.headers_mut(), &response_marks(marks));
+                settle_all(settlements, response.status().as_u16(), None);
+                return Ok(McpFiltered::Respond(response, plugin.name().to_string()));
+            }
         }
     }
     // No upstream usage to settle a reservation by: the message counts.
     settle_all(settlements, 200, None);
-    Ok(McpFiltered::Forward(response_marks(marks)))
+    Ok(McpFiltered::Forward(response_marks(marks), engaged))
 }
 
 /// The header in which auth plugins name the caller (the first-party auth

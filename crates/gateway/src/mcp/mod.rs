@@ -23,7 +23,7 @@ use sluice_runtime::{McpRequest, PluginRequest};
 use sluice_telemetry::{Label, RequestRecord};
 
 use crate::body::{Body, full, json_response};
-use crate::chain::{McpFiltered, mcp_filters, set_all};
+use crate::chain::{Engaged, McpFiltered, mcp_filters, set_all};
 use crate::gateway::Gateway;
 use crate::snapshot::LoadedPlugin;
 use crate::upstream::UpstreamClient;
@@ -222,15 +222,15 @@ async fn post(
 
     // Every message passes the chain, `initialize` included: the auth
     // plugin sees each, as it sees each chat request.
-    let headers = match filter(route, &parts, &mut message, &body, record).await {
-        Ok(Filtered::Forward(headers, mark)) => Some((headers, mark)),
+    let forward = match filter(route, &parts, &mut message, &body, record).await {
+        Ok(Filtered::Forward(headers, mark, engaged)) => (headers, mark, engaged),
         Ok(Filtered::Refused(response)) => return Ok(response),
         Err(error) => return Ok(rpc_error(StatusCode::OK, id, INTERNAL_ERROR, &error.message)),
     };
-    let (passed_on, marks) = headers.unwrap_or_default();
+    let (passed_on, marks, engaged) = forward;
 
     let mut response = if modern {
-        modern::handle(gateway, route, message, &parts.headers, &passed_on, record).await
+        modern::handle(gateway, route, message, &parts.headers, (&passed_on, engaged), record).await
     } else if method == "initialize" {
         initialize(gateway, route, &message, &passed_on).await
     } else if method == "ping" {
@@ -250,16 +250,16 @@ async fn post(
             None => return Ok(rpc_error(StatusCode::NOT_FOUND, id, INVALID_REQUEST, "the session id is not text")),
         };
         let key = parts.headers.get(SESSION_HEADER).cloned();
-        in_session(gateway, route, &session, message, method, &passed_on, key, record).await
+        in_session(gateway, route, &session, message, method, (&passed_on, engaged), key, record).await
     };
     set_all(response.headers_mut(), &marks);
     Ok(response)
 }
 
 enum Filtered {
-    /// Go on, with the headers passed on to servers and those set for the
-    /// client's response.
-    Forward(HeaderMap, HeaderMap),
+    /// Go on, with the headers passed on to servers, those set for the
+    /// client's response, and the plugins that see the answer.
+    Forward(HeaderMap, HeaderMap, Vec<Engaged>),
     Refused(http::Response<Body>),
 }
 
@@ -275,7 +275,7 @@ async fn filter(
 ) -> Result<Filtered, ApiError> {
     let passed_on = || passed_on(&parts.headers);
     if route.chain.is_empty() {
-        return Ok(Filtered::Forward(passed_on(), HeaderMap::new()));
+        return Ok(Filtered::Forward(passed_on(), HeaderMap::new(), Vec::new()));
     }
     if let Some(name) = sluice_runtime::headers::not_utf8(&parts.headers) {
         return Err(ApiError::invalid_request("invalid_header", format!("the value of header `{name}` is not UTF-8")));
@@ -303,13 +303,13 @@ async fn filter(
         McpFiltered::Respond(response, plugin) => {
             Ok(Filtered::Refused(refusal(route, &parts.headers, message, response, &plugin).await))
         }
-        McpFiltered::Forward(marks) => {
+        McpFiltered::Forward(marks, engaged) => {
             apply_edits(message, &mut request, body)?;
             let mut headers = passed_on();
             if let Some(consumer) = request.consumer.as_deref().and_then(|c| HeaderValue::from_str(c).ok()) {
                 headers.insert(crate::chain::CONSUMER_HEADER, consumer);
             }
-            Ok(Filtered::Forward(headers, marks))
+            Ok(Filtered::Forward(headers, marks, engaged))
         }
     }
 }
@@ -481,7 +481,7 @@ async fn in_session(
     session: &Record,
     mut message: Message,
     method: String,
-    passed_on: &HeaderMap,
+    (passed_on, engaged): (&HeaderMap, Vec<Engaged>),
     key: Option<HeaderValue>,
     record: &mut RequestRecord,
 ) -> http::Response<Body> {
@@ -541,6 +541,7 @@ async fn in_session(
         }),
         started: Instant::now(),
         consumer: record.consumer.clone(),
+        engaged,
     };
     // A place among the session's streams before the server is asked: an
     // answer may stream for as long as the tool runs.

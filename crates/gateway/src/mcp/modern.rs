@@ -72,7 +72,7 @@ pub async fn handle(
     route: &McpRoute,
     mut message: Message,
     client: &HeaderMap,
-    passed_on: &HeaderMap,
+    (passed_on, engaged): (&HeaderMap, Vec<crate::chain::Engaged>),
     record: &mut RequestRecord,
 ) -> http::Response<Body> {
     let id = message.id.clone().unwrap_or(Value::Null);
@@ -133,6 +133,7 @@ pub async fn handle(
         tool: (method == "tools/call").then(|| names::prefixed(&server.name, name.as_deref().unwrap_or_default())),
         started: std::time::Instant::now(),
         consumer: record.consumer.clone(),
+        engaged,
     };
     let response = match upstream::post(server, None, message.bytes(), &headers).await {
         Ok(response) => response,

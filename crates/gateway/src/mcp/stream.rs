@@ -19,9 +19,11 @@ use sluice_telemetry::metrics::{McpCallLabels, McpDurationLabels, metrics};
 
 use super::names;
 use super::upstream::is_stream;
-use super::{McpRoute, McpServer, UPSTREAM_ERROR, rpc_error};
+use super::{INTERNAL_ERROR, McpRoute, McpServer, UPSTREAM_ERROR, rpc_error};
 use crate::body::{Body, BoxError};
+use crate::chain::Engaged;
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
+use sluice_runtime::{Hooks, PluginError, ResponseSummary};
 
 /// How a request's answer is renamed for the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +40,66 @@ pub struct Call {
     pub tool: Option<String>,
     pub started: Instant,
     pub consumer: Option<String>,
+    /// The plugins whose response hooks see the answer.
+    pub engaged: Vec<Engaged>,
+}
+
+/// The answer, as the route's response hooks leave it: `response-body`
+/// on the answer message, in reverse chain order (a replacement must
+/// answer the same request), then `response-end`. A plugin that fails
+/// closed turns the answer into a JSON-RPC error; one that fails open is
+/// skipped.
+async fn through_hooks(call: &mut Call, mut answer: Value) -> Value {
+    let mut failed = None;
+    for plugin in call.engaged.iter_mut().rev() {
+        if !plugin.wants(Hooks::RESPONSE_BODY) {
+            continue;
+        }
+        let body = answer.to_string();
+        let outcome = match plugin.instance.response_body(body.as_bytes()).await {
+            Ok(None) => Ok(()),
+            Ok(Some(replaced)) => match serde_json::from_slice::<Value>(&replaced) {
+                Ok(replaced) if answers(&replaced, &call.id) => {
+                    answer = replaced;
+                    Ok(())
+                }
+                _ => Err(PluginError::InvalidEdit("its response body is not a JSON-RPC answer to the call".into())),
+            },
+            Err(error) => Err(error),
+        };
+        if let Err(error) = outcome
+            && let Err(refused) = plugin.fail(error)
+        {
+            failed = Some(refused.message);
+            break;
+        }
+    }
+    if let Some(why) = failed {
+        answer =
+            serde_json::json!({"jsonrpc": "2.0", "id": call.id, "error": {"code": INTERNAL_ERROR, "message": why}});
+    }
+    let summary = ResponseSummary {
+        status: 200,
+        streamed: false,
+        usage: None,
+        body_bytes: answer.to_string().len() as u64,
+        completed: true,
+        duration_ms: call.started.elapsed().as_millis() as u64,
+    };
+    for plugin in call.engaged.iter_mut().filter(|p| p.wants(Hooks::RESPONSE_END)) {
+        if let Err(error) = plugin.instance.response_end(&summary).await {
+            tracing::warn!(plugin = plugin.name(), %error, "response-end hook failed on an MCP answer");
+        }
+    }
+    answer
+}
+
+/// Whether `message` is a JSON-RPC answer to request `id`.
+fn answers(message: &Value, id: &Value) -> bool {
+    message.get("jsonrpc") == Some(&Value::String("2.0".into()))
+        && message.get("id") == Some(id)
+        && message.get("method").is_none()
+        && (message.get("result").is_some() || message.get("error").is_some())
 }
 
 /// The streams open per session on this replica. A count, not state: a
@@ -215,26 +277,25 @@ fn relay_json(
 ) -> http::Response<Body> {
     let server = server.to_string();
     let read = async move {
+        let mut call = call;
         let body = response.into_body().map_err(|e| Box::new(e) as BoxError).boxed_unsync();
-        let fail = |why: String| {
-            count_call(&route, &server_label, &call, "error");
-            let message = format!("server `{server}`: {why}");
-            let error = serde_json::json!({
-                "jsonrpc": "2.0", "id": call.id, "error": {"code": UPSTREAM_ERROR, "message": message},
-            });
-            Ok::<Bytes, BoxError>(Bytes::from(error.to_string()))
+        let read = match crate::body::collect_limited(body, limit, idle).await {
+            Err(why) => Err(why),
+            Ok(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|text| renamed(&server, text, Some((&call.id, rename))))
+                .map(|(message, _)| message)
+                .ok_or_else(|| "its answer is not a JSON-RPC message".to_string()),
         };
-        let bytes = match crate::body::collect_limited(body, limit, idle).await {
-            Ok(bytes) => bytes,
-            Err(why) => return fail(why),
-        };
-        let Some((message, _)) =
-            std::str::from_utf8(&bytes).ok().and_then(|text| renamed(&server, text, Some((&call.id, rename))))
-        else {
-            return fail("its answer is not a JSON-RPC message".into());
+        let message = match read {
+            Ok(message) => through_hooks(&mut call, message).await,
+            Err(why) => serde_json::json!({
+                "jsonrpc": "2.0", "id": call.id,
+                "error": {"code": UPSTREAM_ERROR, "message": format!("server `{server}`: {why}")},
+            }),
         };
         count_call(&route, &server_label, &call, result_of(&message));
-        Ok(Bytes::from(message.to_string()))
+        Ok::<Bytes, BoxError>(Bytes::from(message.to_string()))
     };
     // Read before the head is sent, so a bad answer becomes a JSON-RPC
     // error rather than a broken body: a body future in a one-item stream.
@@ -287,10 +348,16 @@ impl Relay {
                 return None;
             }
             let mut out = BytesMut::new();
+            let mut answer = None;
             while !self.done
+                && answer.is_none()
                 && let Some(event) = self.splitter.next_event()
             {
-                self.relay_event(&event, &mut out);
+                answer = self.relay_event(&event, &mut out);
+            }
+            if let Some((event, message)) = answer {
+                out.extend_from_slice(&self.answer(&event, message).await);
+                return Some(Ok(out.freeze()));
             }
             if !out.is_empty() {
                 return Some(Ok(out.freeze()));
@@ -301,8 +368,10 @@ impl Relay {
             match tokio::time::timeout(self.idle, self.body.frame()).await {
                 Err(_) => return Some(Ok(self.fail(&format!("sent nothing for {} s", self.idle.as_secs())))),
                 Ok(None) => {
-                    if let Some(rest) = self.splitter.remainder() {
-                        self.relay_event(&rest, &mut out);
+                    if let Some(rest) = self.splitter.remainder()
+                        && let Some((event, message)) = self.relay_event(&rest, &mut out)
+                    {
+                        out.extend_from_slice(&self.answer(&event, message).await);
                     }
                     if self.answering.is_some() {
                         out.extend_from_slice(&self.fail("its stream ended without the answer"));
@@ -320,34 +389,42 @@ impl Relay {
         }
     }
 
-    fn relay_event(&mut self, event: &[u8], out: &mut BytesMut) {
+    /// Relays one event into `out`; the answer to the call is handed back
+    /// instead, for the response hooks.
+    fn relay_event(&mut self, event: &[u8], out: &mut BytesMut) -> Option<(Bytes, Value)> {
         let Some(data) = data_of(event) else {
             // A comment (keep-alive) or an empty event: passed on as is.
             out.extend_from_slice(event);
-            return;
+            return None;
         };
         let call = self.answering.as_ref().map(|(call, rename)| (&call.id, *rename));
         let Some((message, is_answer)) = renamed(&self.server, &data, call) else {
             tracing::debug!(server = %self.server, "an MCP server sent an event that is not a JSON-RPC message; dropped");
-            return;
+            return None;
         };
-        out.extend_from_slice(&with_data(event, &message.to_string()));
         if is_answer {
-            if let Some((call, _)) = self.answering.take() {
-                count_call(&self.route, &self.server_label, &call, result_of(&message));
-            }
-            // The answer ends a request's stream (the spec asks servers to
-            // close it then): nothing held open past it.
-            self.done = true;
-        } else {
-            let tool = self.answering.as_ref().and_then(|(call, _)| call.tool.as_deref()).unwrap_or_default();
-            let labels = McpDurationLabels {
-                route: self.route.clone(),
-                server: self.server_label.clone(),
-                tool: metrics().tool_label(tool),
-            };
-            metrics().mcp_stream_messages.get_or_create(&labels).inc();
+            return Some((Bytes::copy_from_slice(event), message));
         }
+        out.extend_from_slice(&with_data(event, &message.to_string()));
+        let tool = self.answering.as_ref().and_then(|(call, _)| call.tool.as_deref()).unwrap_or_default();
+        let labels = McpDurationLabels {
+            route: self.route.clone(),
+            server: self.server_label.clone(),
+            tool: metrics().tool_label(tool),
+        };
+        metrics().mcp_stream_messages.get_or_create(&labels).inc();
+        None
+    }
+
+    /// The answer event, through the response hooks, counted. The answer
+    /// ends a request's stream (the spec asks servers to close it then):
+    /// nothing is held open past it.
+    async fn answer(&mut self, event: &[u8], message: Value) -> Bytes {
+        self.done = true;
+        let Some((mut call, _)) = self.answering.take() else { return with_data(event, &message.to_string()) };
+        let message = through_hooks(&mut call, message).await;
+        count_call(&self.route, &self.server_label, &call, result_of(&message));
+        with_data(event, &message.to_string())
     }
 
     /// Ends the stream: the request waiting on it gets a JSON-RPC error.
