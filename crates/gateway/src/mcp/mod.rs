@@ -51,6 +51,9 @@ const UPSTREAM_ERROR: i64 = -32002;
 const REFUSED: i64 = -32001;
 /// MCP's "unsupported protocol version".
 const UNSUPPORTED_VERSION: i64 = -32022;
+/// The most of a client's `initialize` (capabilities and client info) a
+/// session keeps.
+const MAX_KEPT_BYTES: usize = 2048;
 
 /// An MCP route, built for serving.
 pub struct McpRoute {
@@ -416,13 +419,11 @@ async fn initialize(
         "capabilities": params.get("capabilities").cloned().unwrap_or(json!({})),
         "clientInfo": params.get("clientInfo").cloned().unwrap_or(json!({"name": "unknown", "version": "0"})),
     });
-    if kept.to_string().len() > 16 * 1024 {
-        return rpc_error(
-            StatusCode::OK,
-            id,
-            INVALID_PARAMS,
-            "initialize's capabilities and clientInfo are over 16 KiB",
-        );
+    // The session id carries them on every request: bounded well inside
+    // its own bound (MAX_SESSION_ID_BYTES) beside 16 servers' sessions.
+    if kept.to_string().len() > MAX_KEPT_BYTES {
+        let why = format!("initialize's capabilities and clientInfo are over {MAX_KEPT_BYTES} bytes");
+        return rpc_error(StatusCode::OK, id, INVALID_PARAMS, &why);
     }
     let limit = route.limit(gateway);
     let opened = futures_util::future::join_all(
@@ -506,7 +507,9 @@ async fn in_session(
     if message.id.is_none() {
         // A notification concerns every server's session (`cancelled` for
         // an id only one of them knows, roots changed).
-        let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
+        let sent = route.servers.iter().filter_map(|server| {
+            Some((server, session.upstream_at(&server.name, &upstream::endpoint_tag(&server.url))?))
+        });
         futures_util::future::join_all(
             sent.map(|(server, upstream)| upstream::notify(server, upstream, &message.value, passed_on)),
         )
@@ -517,7 +520,9 @@ async fn in_session(
         return list(gateway, route, Via::Session { record: session, passed_on }, &message, listing).await;
     }
     if method == "logging/setLevel" {
-        let sent = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?)));
+        let sent = route.servers.iter().filter_map(|server| {
+            Some((server, session.upstream_at(&server.name, &upstream::endpoint_tag(&server.url))?))
+        });
         let set = sent.map(|(server, upstream)| {
             let bytes = message.bytes();
             async move { upstream::post(server, Some(upstream), bytes, passed_on).await.map(drop) }
@@ -736,12 +741,14 @@ async fn listen(
         Err(response) => return *response,
     };
     let passed = passed_on(request.headers());
-    let opened = route.servers.iter().filter_map(|server| Some((server, session.upstream(&server.name)?))).map(
-        |(server, upstream)| {
+    let opened = route
+        .servers
+        .iter()
+        .filter_map(|server| Some((server, session.upstream_at(&server.name, &upstream::endpoint_tag(&server.url))?)))
+        .map(|(server, upstream)| {
             let passed = &passed;
             async move { (server, upstream::listen(server, upstream, passed).await) }
-        },
-    );
+        });
     let mut streams = Vec::new();
     for (server, opened) in futures_util::future::join_all(opened).await {
         match opened {
@@ -780,7 +787,7 @@ async fn end(
     let ended = route
         .servers
         .iter()
-        .filter_map(|server| Some((server, session.upstream(&server.name)?)))
+        .filter_map(|server| Some((server, session.upstream_at(&server.name, &upstream::endpoint_tag(&server.url))?)))
         .map(|(server, upstream)| upstream::end(server, upstream, &passed));
     futures_util::future::join_all(ended).await;
     let mut response = http::Response::new(full(Bytes::new()));

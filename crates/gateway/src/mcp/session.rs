@@ -13,9 +13,10 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 
 const NONCE_BYTES: usize = 24;
-/// The longest session id opened: a sealed record is about 300 bytes
-/// per upstream server, and a route has at most 16.
-pub const MAX_SESSION_ID_BYTES: usize = 8 * 1024;
+/// The longest session id opened: a record holds at most 2 KiB of the
+/// client's `initialize` and under 400 bytes per server (a route has at
+/// most 16), a third more in base64.
+pub const MAX_SESSION_ID_BYTES: usize = 16 * 1024;
 /// The most keys a ring holds: each costs one decryption attempt per
 /// request, for an id none of them sealed.
 pub const MAX_KEYS: usize = 8;
@@ -43,8 +44,8 @@ pub struct Record {
 pub struct Upstream {
     /// The server's name in the route.
     pub n: String,
-    /// The endpoint the session was opened on: a server that keeps
-    /// sessions in memory is reached there again, by every replica.
+    /// The endpoint the session was opened on (a tag of its URL): the
+    /// server's id is sent only there.
     pub u: String,
     /// The server's `Mcp-Session-Id`, if it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,6 +57,13 @@ pub struct Upstream {
 impl Record {
     pub fn upstream(&self, name: &str) -> Option<&Upstream> {
         self.u.iter().find(|u| u.n == name)
+    }
+
+    /// Server `name`'s session, if it was opened on the endpoint tagged
+    /// `tag`: a session opened where the route pointed before is not sent
+    /// to where it points now.
+    pub fn upstream_at(&self, name: &str, tag: &str) -> Option<&Upstream> {
+        self.upstream(name).filter(|u| u.u == tag)
     }
 
     pub fn expired(&self) -> bool {
@@ -265,6 +273,15 @@ mod tests {
         assert_eq!(keys.open(&expired, "ns/r"), Err(OpenError::Expired));
         // Each seal draws a fresh nonce.
         assert_ne!(keys.seal(&record("ns/r")).unwrap(), keys.seal(&record("ns/r")).unwrap());
+    }
+
+    #[test]
+    fn a_servers_session_is_used_only_on_the_endpoint_it_was_opened_on() {
+        let record = record("ns/r");
+        let at = &record.u[0].u;
+        assert_eq!(record.upstream_at("a", at).and_then(|u| u.s.as_deref()), Some("abc"));
+        assert!(record.upstream_at("a", "another endpoint").is_none(), "the route now points elsewhere");
+        assert!(record.upstream_at("b", at).is_none());
     }
 
     #[test]

@@ -19,6 +19,17 @@ pub const VERSION_HEADER: HeaderName = HeaderName::from_static("mcp-protocol-ver
 const ACCEPT_BOTH: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
 const ACCEPT_STREAM: HeaderValue = HeaderValue::from_static("text/event-stream");
 
+/// The longest `Mcp-Session-Id` a server may hand out.
+pub const MAX_UPSTREAM_SESSION_ID_BYTES: usize = 256;
+
+/// How a session record names the endpoint a session was opened on: the
+/// first 8 bytes of its URL's SHA-256, in hex (the URL itself could be
+/// 2 KiB, and the record travels on every request).
+pub fn endpoint_tag(url: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(url.as_bytes())[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Why a server's answer could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
@@ -237,6 +248,12 @@ pub async fn initialize(
     let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": params});
     let response = post(server, None, Bytes::from(message.to_string()), passed_on).await?;
     let session = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
+    // Carried in the client's session id on every request: a server may
+    // not make that arbitrarily large.
+    if session.as_ref().is_some_and(|s| s.len() > MAX_UPSTREAM_SESSION_ID_BYTES) {
+        let why = format!("its Mcp-Session-Id is over {MAX_UPSTREAM_SESSION_ID_BYTES} bytes");
+        return Err(Failure::Malformed { server: server.name.clone(), why });
+    }
     let answer = answer(&server.name, response, &id, limit, server.timeout).await?;
     let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
     if let Some(error) = answer.get("error") {
@@ -244,7 +261,7 @@ pub async fn initialize(
     }
     let result = answer.get("result").cloned().ok_or_else(|| malformed("no result"))?;
     let negotiated = result.get("protocolVersion").and_then(Value::as_str).unwrap_or(version).to_string();
-    let upstream = Upstream { n: server.name.clone(), u: server.url.clone(), s: session, v: negotiated };
+    let upstream = Upstream { n: server.name.clone(), u: endpoint_tag(&server.url), s: session, v: negotiated };
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     notify(server, &upstream, &initialized, passed_on).await;
     Ok((upstream, result))
@@ -267,9 +284,10 @@ pub async fn session_of(
     passed_on: &HeaderMap,
     limit: usize,
 ) -> Result<Upstream, Failure> {
-    match record.upstream(&server.name) {
-        // The endpoint the session was opened on, even if the route now
-        // names another URL for the server: the session lives there.
+    // Opened on the endpoint the route names now: its session. One opened
+    // where the route pointed before lives there, and its id is not for
+    // another server to see: a new session is opened instead.
+    match record.upstream_at(&server.name, &endpoint_tag(&server.url)) {
         Some(upstream) => Ok(upstream.clone()),
         None => initialize(server, &record.i, &record.v, passed_on, limit).await.map(|(upstream, _)| upstream),
     }
