@@ -169,6 +169,8 @@ async fn helm_lint_passes_and_the_schema_refuses_typos_and_wrong_types() {
         ("metrics:\n  enabled: \"no\"\n", "enabled"),
         ("metrics:\n  port: 99999\n", "port"),
         ("modelClaims:\n  - namespace: team-a\n", "models"),
+        ("mcpPathClaims:\n  - namespace: team-a\n", "path"),
+        ("mcpPathClaims:\n  - namespace: team-a\n    path: mcp/team-a\n", "path"),
         ("hostAccess:\n  filesUnder: [plugins]\n", "filesUnder"),
         ("networkPolicy:\n  enable: false\n", "enable"),
     ] {
@@ -458,7 +460,8 @@ async fn ca_bundles_and_registry_credentials_are_mounted_files_passed_to_their_f
 async fn tenancy_shutdown_cache_and_extra_values_reach_the_pod() {
     let helm = Helm::new();
     let values = "modelClaims:\n  - namespace: team-a\n    models: gpt-4o*\n  - namespace: team-b\n    \
-                  models: gpt-4o-mini\nhostAccess:\n  filesUnder: [/plugins]\n  env: [OPENAI_API_KEY]\n\
+                  models: gpt-4o-mini\nmcpPathClaims:\n  - namespace: team-a\n    path: /mcp/team-a\n  \
+                  - namespace: platform\n    path: \"*\"\nhostAccess:\n  filesUnder: [/plugins]\n  env: [OPENAI_API_KEY]\n\
                   allowBackendCidrs: [10.0.0.0/8]\nextraArgs: [--max-body-bytes=4194304]\n\
                   extraEnv:\n  - name: OPENAI_API_KEY\n    valueFrom:\n      secretKeyRef: {name: openai, key: api-key}\n\
                   extraVolumes:\n  - name: plugins\n    configMap: {name: plugins}\n\
@@ -468,6 +471,7 @@ async fn tenancy_shutdown_cache_and_extra_values_reach_the_pod() {
                   logLevel: debug\nresources:\n  requests:\n    cpu: 1\n";
     let chart = render(&helm, values).await;
     assert_eq!(chart.flag("--model-claim"), ["team-a=gpt-4o*", "team-b=gpt-4o-mini"]);
+    assert_eq!(chart.flag("--mcp-path-claim"), ["team-a=/mcp/team-a", "platform=*"]);
     assert_eq!(chart.flag("--allow-host-files-under"), ["/plugins"]);
     assert_eq!(chart.flag("--allow-host-env"), ["OPENAI_API_KEY"]);
     assert_eq!(chart.flag("--allow-backend-cidr"), ["10.0.0.0/8"]);
@@ -507,6 +511,7 @@ async fn every_value_set_is_valid_to_the_apiserver_strictly() {
     let everything = format!(
         "image:\n  digest: {DIGEST}\nimagePullSecrets: [{{name: regcred}}]\nwatchNamespaces: [{team}]\n\
          modelClaims: [{{namespace: {team}, models: gpt-*}}]\nhostAccess: {{filesUnder: [/plugins], env: [KEY]}}\n\
+         mcpPathClaims: [{{namespace: {team}, path: /mcp}}]\n\
          caBundles: [{{configMap: corp-ca, key: ca.crt}}]\nregistry: {{credentials: {{secretName: regcred}}}}\n\
          redis: {{urlSecret: {{name: redis}}, passwordSecret: {{name: redis}}, ca: {{secret: r, key: ca.crt}}, \
          clientCertSecret: rc}}\nnetworkPolicy: {{httpFrom: [{{podSelector: {{}}}}]}}\n\
@@ -543,6 +548,7 @@ async fn the_rendered_arguments_are_ones_sluice_run_takes() {
     let scratch = tempfile::tempdir().unwrap();
     let everything = format!(
         "watchNamespaces: [team-a]\nmodelClaims: [{{namespace: team-a, models: gpt-4o*}}]\n\
+         mcpPathClaims: [{{namespace: team-a, path: /mcp/team-a}}, {{namespace: team-b, path: '*'}}]\n\
          hostAccess: {{filesUnder: [/plugins], env: [KEY]}}\nallowBackendCidrs: [10.0.0.0/8]\n\
          caBundles: [{{configMap: corp-ca, key: ca.crt}}]\n\
          registry: {{credentials: {{secretName: regcred, namespaces: [team-a]}}, insecure: [r.internal:5000]}}\n\

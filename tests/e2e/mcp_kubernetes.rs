@@ -1,13 +1,15 @@
 //! MCPRoute on the real apiserver (tests/harness/kube.rs), driven with
 //! `kubectl apply`: the status the leader writes from the replicas' load
 //! reports (Ready for the generation applied, a Secret that appears), what
-//! the CRD's schema and CEL rules refuse before the gateway sees it, and two
-//! routes claiming one path (the older serves it).
+//! the CRD's schema and CEL rules refuse before the gateway sees it, two
+//! routes claiming one path (the older serves it), and paths the operator
+//! grants to namespaces (`--mcp-path-claim`), whatever the routes' age.
 //!
 //! Whether a replica serves an MCP route is the gateway's to say
 //! (`LoadReport.mcp_routes`): ready once its chain's plugins are loaded. No
 //! MCP server is reached here: the server URLs name a closed loopback port.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -221,4 +223,142 @@ async fn the_younger_of_two_mcp_routes_on_one_path_has_a_path_conflict() {
 
     cluster.kubectl_ok(&["delete", "mcproute", "older", "-n", &ns]).await;
     wait_status(cluster, &ns, "younger", "the younger route to take the path", ready).await;
+}
+
+/// A gateway watching every namespace (no --watch-namespace), its Leases
+/// in `lease_namespace`: what a cluster shared by tenants runs. On an
+/// apiserver of its own, or it would write status on the other tests'
+/// resources.
+struct AllNamespacesGateway {
+    child: std::process::Child,
+    listen: std::net::SocketAddr,
+    log: PathBuf,
+    client: sluice_tests::Client,
+    _scratch: tempfile::TempDir,
+}
+
+impl AllNamespacesGateway {
+    async fn start(cluster: &KubeCluster, lease_namespace: &str, args: &[&str]) -> AllNamespacesGateway {
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("gateway.log");
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (listen, admin) = (free(), free());
+        let child = std::process::Command::new(sluice_tests::sluice_binary())
+            .args(["run", "--kubernetes", "--lease-namespace", lease_namespace, "--replica-name", "all-namespaces"])
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
+            .arg("--cache-dir")
+            .arg(sluice_tests::shared_cache_dir())
+            .arg("--oci-cache-dir")
+            .arg(scratch.path().join("oci"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            // The server URLs name loopback, refused by default on Kubernetes.
+            .env("SLUICE_ALLOW_BACKEND_CIDR", "127.0.0.0/8")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting sluice");
+        let gateway =
+            AllNamespacesGateway { child, listen, log, client: sluice_tests::Client::http1(), _scratch: scratch };
+        eventually("the gateway to be ready", WAIT, async || {
+            let request = hyper::Request::get(format!("http://{admin}/readyz")).body(sluice_tests::empty()).unwrap();
+            gateway.client.try_send(request).await.is_ok_and(|reply| reply.status == 200).then_some(())
+        })
+        .await;
+        gateway
+    }
+
+    /// Whether an MCP route serves `path`: a `ping` there is answered by
+    /// the gateway itself, never a 404 (which a path no route serves gets).
+    async fn serves(&self, path: &str) -> bool {
+        let url = format!("http://{}{path}", self.listen);
+        let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        self.client.post(&url, ping, &[("accept", "application/json, text/event-stream")]).await.status != 404
+    }
+}
+
+impl Drop for AllNamespacesGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- gateway log ---\n{}--- end ---", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+    }
+}
+
+/// Age alone cannot decide whose an MCP path is: a squatter's route is the
+/// oldest as soon as the owner recreates theirs. The operator grants paths
+/// to namespaces (`--mcp-path-claim`): a route elsewhere is refused
+/// (Accepted and Ready False, PathNotPermitted) and not served, older
+/// though it is, while the owner's is Ready and served. A grant replaces
+/// the default (the gateway's own namespace then claims no other path) and
+/// covers the paths below its prefix, not those that merely begin with it.
+#[tokio::test]
+async fn mcp_path_claims_grant_paths_to_namespaces_whatever_the_routes_age() {
+    let cluster = KubeCluster::start().await;
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/sluice.dev.yaml");
+    cluster.kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).await;
+    cluster.kubectl_ok(&["wait", "--for=condition=Established", "--timeout=60s", "crd/mcproutes.sluice.dev"]).await;
+    let (own, owner, squatter) = ("paths-gateway", "paths-owner", "paths-squatter");
+    for ns in [own, owner, squatter] {
+        cluster.kubectl_ok(&["create", "namespace", ns]).await;
+    }
+    let gateway = AllNamespacesGateway::start(&cluster, own, &["--mcp-path-claim", "paths-owner=/mcp/owner"]).await;
+    let not_permitted = |r: &Value| condition(r, "Accepted") == Some(("False", "PathNotPermitted"));
+
+    // The squatter's route comes first: the oldest on the path.
+    cluster.apply(&mcp_route(squatter, "tools", &simple_spec("/mcp/owner/tools"))).await;
+    let squatters = wait_status(&cluster, squatter, "tools", "the squatter's route refused", not_permitted).await;
+    assert_eq!(condition(&squatters, "Ready"), Some(("False", "PathNotPermitted")), "{squatters:#}");
+    let why = message(&squatters, "Accepted");
+    assert!(
+        why.contains(&format!("`{squatter}`"))
+            && why.contains("`/mcp/owner/tools`")
+            && why.contains("--mcp-path-claim"),
+        "{why}"
+    );
+    assert!(!gateway.serves("/mcp/owner/tools").await, "the squatter's route is served");
+
+    // Creation times have whole seconds: a second apart, the squatter's is the older.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let owners_route = mcp_route(owner, "tools", &simple_spec("/mcp/owner/tools"));
+    cluster.apply(&owners_route).await;
+    let owners = wait_status(&cluster, owner, "tools", "the owner's route to be Ready", ready).await;
+    assert_eq!(condition(&owners, "Accepted"), Some(("True", "Accepted")), "{owners:#}");
+    eventually("the owner's path to be served", WAIT, async || gateway.serves("/mcp/owner/tools").await.then_some(()))
+        .await;
+    // The squatter's route stays refused for its namespace, not for a conflict.
+    let squatters = get(&cluster, squatter, "tools").await;
+    assert!(not_permitted(&squatters), "{:#}", squatters["status"]);
+
+    // The owner recreates its route: the squatter's is the oldest now, and
+    // still gets nothing.
+    cluster.kubectl_ok(&["delete", "mcproute", "tools", "-n", owner]).await;
+    cluster.apply(&owners_route).await;
+    wait_status(&cluster, owner, "tools", "the recreated route to be Ready", ready).await;
+    assert!(gateway.serves("/mcp/owner/tools").await);
+    let squatters = get(&cluster, squatter, "tools").await;
+    assert!(not_permitted(&squatters), "{:#}", squatters["status"]);
+
+    // The grant replaced the default: the gateway's own namespace claims
+    // nothing else; and `/mcp/ownerx` is not below `/mcp/owner`.
+    cluster.apply(&mcp_route(own, "own", &simple_spec("/mcp/own"))).await;
+    cluster.apply(&mcp_route(owner, "beside", &simple_spec("/mcp/ownerx"))).await;
+    for (ns, name) in [(own, "own"), (owner, "beside")] {
+        wait_status(&cluster, ns, name, "the route outside the grants refused", not_permitted).await;
+    }
+    assert!(!gateway.serves("/mcp/own").await && !gateway.serves("/mcp/ownerx").await);
+
+    let events = cluster.kubectl_ok(&["get", "events.events.k8s.io", "-n", squatter, "-o", "json"]).await;
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let warned = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["reason"] == "PathNotPermitted" && e["type"] == "Warning" && e["regarding"]["name"] == "tools");
+    assert!(warned, "no PathNotPermitted Event: {events:#}");
 }

@@ -566,6 +566,46 @@ mod tests {
         assert_eq!(translator.translations, 2 * count + 1);
     }
 
+    fn mcp_route(namespace: &str, created: &str, path: &str) -> MCPRoute {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "MCPRoute",
+            "metadata": {"name": "tools", "namespace": namespace, "generation": 1, "creationTimestamp": created},
+            "spec": {"path": path, "servers": [{"name": "tools", "url": "http://tools.example:1/mcp"}]}
+        }))
+        .unwrap()
+    }
+
+    /// An MCPRoute whose namespace may not claim its path is not served,
+    /// and does not take the path from the namespace that may, older
+    /// though it is.
+    #[tokio::test]
+    async fn an_mcp_path_goes_to_the_namespace_granted_it_whatever_the_age() {
+        let (plugins, _plugin_writer) = reflector::store::<GatewayPlugin>();
+        let (routes, _route_writer) = reflector::store::<AIModelRoute>();
+        let (secret_metadata, _secret_writer) = reflector::store();
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let secrets = Arc::new(ReferencedSecrets::new(Client::try_from(config).unwrap(), secret_metadata));
+        let (mcp_routes, mut mcp_route_writer) = reflector::store::<MCPRoute>();
+        let versions = Arc::new([const { AtomicU64::new(0) }; KINDS]);
+        let stores = Stores { plugins, routes, mcp_routes, secrets, versions };
+        mcp_route_writer.apply_watcher_event(&Event::Apply(mcp_route("squatter", "2026-01-01T00:00:00Z", "/mcp/a")));
+        mcp_route_writer.apply_watcher_event(&Event::Apply(mcp_route("owner", "2026-02-01T00:00:00Z", "/mcp/a/x")));
+        let tenancy = Tenancy { mcp_path_claims: vec!["owner=/mcp/a".parse().unwrap()], ..Tenancy::default() };
+        let mut translator = Translator::new(Arc::new(tenancy.resolved("gateway")));
+        let (desired, generations) = translator.next(&stores).unwrap();
+        let served: Vec<_> = desired.mcp_routes.iter().map(|r| r.key.to_string()).collect();
+        assert_eq!(served, ["owner/tools"]);
+        assert_eq!(generations.mcp_routes.keys().map(ToString::to_string).collect::<Vec<_>>(), ["owner/tools"]);
+
+        // Once the squatter's route is on the owner's very path it is still not served.
+        mcp_route_writer.apply_watcher_event(&Event::Apply(mcp_route("squatter", "2026-01-01T00:00:00Z", "/mcp/a/x")));
+        let served: Vec<_> = match translator.next(&stores) {
+            Some((desired, _)) => desired.mcp_routes.iter().map(|r| r.key.to_string()).collect(),
+            None => served,
+        };
+        assert_eq!(served, ["owner/tools"]);
+    }
+
     /// The leader's status writes come back to every replica's watch; only
     /// a new generation (or object) makes a pass, or every write would make
     /// another.

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use sluice_core::{ConfigUpdate, LoadReport};
 use tokio::sync::watch;
 
-pub use tenancy::{ModelClaim, Tenancy};
+pub use tenancy::{McpPathClaim, ModelClaim, Tenancy};
 pub use translate::set_pointer;
 
 /// The leader Lease's name, in the lease namespace.

@@ -333,6 +333,18 @@ fn resolve_mcp_route(
         }
     }
     let mut decl = route.decl(Path::new("/")).map_err(Problem::invalid)?;
+    let namespace = &decl.key.namespace;
+    if !tenancy.allows_mcp_path(namespace, &decl.path) {
+        return Err(Problem {
+            condition: Condition::Accepted,
+            reason: reason::PATH_NOT_PERMITTED,
+            message: format!(
+                "namespace `{namespace}` may not claim MCP path `{}`: the gateway's operator grants MCP paths to \
+                 namespaces (--mcp-path-claim)",
+                decl.path
+            ),
+        });
+    }
     if let Some(missing) = decl.plugins.iter().find(|key| !plugin_exists(key)) {
         return Err(Problem::unresolved(reason::PLUGIN_NOT_FOUND, format!("GatewayPlugin {missing} does not exist")));
     }

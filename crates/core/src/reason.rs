@@ -15,6 +15,9 @@ pub const PATH_CONFLICT: &str = "PathConflict";
 /// The route's namespace may not claim one of its models: the gateway's
 /// operator grants models to namespaces.
 pub const MODEL_NOT_PERMITTED: &str = "ModelNotPermitted";
+/// The MCPRoute's namespace may not claim its path: the gateway's operator
+/// grants MCP paths to namespaces.
+pub const PATH_NOT_PERMITTED: &str = "PathNotPermitted";
 
 // ResolvedRefs
 pub const RESOLVED_REFS: &str = "ResolvedRefs";

@@ -70,6 +70,20 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub model_claim: Vec<sluice_controller::ModelClaim>,
+    /// NAMESPACE=PREFIX: MCPRoutes in NAMESPACE may claim the paths PREFIX
+    /// matches: itself and the paths below it at a segment boundary
+    /// (`/mcp/team-a` matches `/mcp/team-a/x`, not `/mcp/team-ab`), or `*`
+    /// for every path; the longest prefix matching a path decides.
+    /// Repeatable. By default the gateway's own namespace (--watch-namespace,
+    /// else --lease-namespace) claims every path and no other namespace any.
+    #[arg(
+        long,
+        conflicts_with = "config",
+        value_name = "NAMESPACE=PREFIX",
+        env = "SLUICE_MCP_PATH_CLAIMS",
+        value_delimiter = ','
+    )]
+    pub mcp_path_claim: Vec<sluice_controller::McpPathClaim>,
     /// A namespace whose GatewayPlugins, when they name no pull Secret, may
     /// pull with the registry credentials given to the gateway
     /// (--docker-config, --credentials-file); the others pull anonymously.
@@ -660,6 +674,7 @@ async fn start_config_source(
             host_file_dirs: args.allow_host_files_under.clone(),
             host_env_vars: args.allow_host_env.clone(),
             model_claims: args.model_claim.clone(),
+            mcp_path_claims: args.mcp_path_claim.clone(),
             registry_credential_namespaces: args.registry_credentials_namespace.clone(),
             backends: backend_policy(args),
         },

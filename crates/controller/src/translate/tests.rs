@@ -437,6 +437,36 @@ fn mcp_servers_get_no_more_of_the_gateway_than_backends() {
     assert!(problem.message.contains("/v1/mcp"), "{}", problem.message);
 }
 
+/// A path is claimed by the namespaces the operator grants it to (by
+/// default the gateway's own); elsewhere the route is refused, saying which
+/// flag grants paths.
+#[test]
+fn an_mcp_route_outside_the_namespaces_granted_its_path_is_refused() {
+    let route = mcp("m", "2026-01-01T00:00:00Z", "/mcp/team/tools", mcp_server(json!({})));
+    assert!(mcp_route(&route, &secrets(&[]), &tenancy(), |_| true).is_ok());
+    let elsewhere = Tenancy::default().resolved("sluice-system");
+    let problem = mcp_route(&route, &secrets(&[]), &elsewhere, |_| true).unwrap_err();
+    assert_eq!((problem.condition, problem.reason), (Condition::Accepted, reason::PATH_NOT_PERMITTED));
+    for part in ["`team`", "`/mcp/team/tools`", "--mcp-path-claim"] {
+        assert!(problem.message.contains(part), "{part}: {}", problem.message);
+    }
+    // A grant below which the path is: allowed; one that only shares its
+    // first characters is not.
+    let granted = |claim: &str| Tenancy { mcp_path_claims: vec![claim.parse().unwrap()], ..tenancy() };
+    assert!(mcp_route(&route, &secrets(&[]), &granted("team=/mcp/team"), |_| true).is_ok());
+    let problem = mcp_route(&route, &secrets(&[]), &granted("team=/mcp/te"), |_| true).unwrap_err();
+    assert_eq!(problem.reason, reason::PATH_NOT_PERMITTED);
+    // Refused before its Secrets are looked up: nothing of the namespace is read for it.
+    let keyed = mcp(
+        "k",
+        "2026-01-01T00:00:00Z",
+        "/mcp/team/tools",
+        mcp_server(json!({"apiKeySecretRef": {"name": "key", "key": "token"}})),
+    );
+    let problem = mcp_route(&keyed, &secrets(&[]), &elsewhere, |_| true).unwrap_err();
+    assert_eq!(problem.reason, reason::PATH_NOT_PERMITTED);
+}
+
 /// Of MCPRoutes claiming one path the oldest serves it, then the first by
 /// name; each other one is told which route holds it.
 #[test]
