@@ -62,10 +62,6 @@ fn text_of(result: &Value) -> &str {
     result["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text content: {result}"))
 }
 
-async fn client(gateway: &Gateway, args: &[&str]) -> Value {
-    mcp_client(&gateway.url("/mcp"), args, &McpClientOptions::default()).await
-}
-
 /// The SDK's two eras: its default (2026-07-28 when the route offers it)
 /// and the handshake, with the revision each ends up on.
 const ERAS: [(Option<&str>, &str); 2] = [(None, "2026-07-28"), (Some("legacy"), "2025-11-25")];

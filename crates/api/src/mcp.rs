@@ -33,8 +33,11 @@ pub struct MCPRouteSpec {
     /// Where the route is served on the gateway's listener, e.g.
     /// `/mcp/github`: absolute, without a trailing slash, of segments of
     /// letters, digits and `-._~` (no `.` or `..`), and not under `/v1` or
-    /// `/.well-known/`, which the gateway serves itself. Of two MCPRoutes
-    /// claiming one path the older serves it.
+    /// `/.well-known/`, which the gateway serves itself. A namespace may
+    /// claim only the paths the gateway grants it (`--mcp-path-claim`; by
+    /// default the gateway's own namespace claims every path, and no other
+    /// namespace any), and of two MCPRoutes claiming one path the older
+    /// serves it.
     #[schemars(length(min = 2, max = 256), regex(pattern = r"^(/[A-Za-z0-9._~-]+)+$"))]
     // The pattern cannot say "no `.` or `..` segment" (RE2 has no
     // lookahead): CEL does, within its budget for a string this short.
