@@ -471,6 +471,128 @@ impl RouteDecl {
     }
 }
 
+/// An MCP route: Model Context Protocol servers behind one path of the
+/// gateway, their tools, prompts and resources merged under each server's
+/// name, with a plugin chain on every message (docs/mcp.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpRouteDecl {
+    pub key: ResourceKey,
+    /// Where the route is served on the data plane listener: an absolute
+    /// path, e.g. `/mcp/tools`.
+    pub path: String,
+    /// The upstream MCP servers, at least one, names unique.
+    pub servers: Vec<McpServerDecl>,
+    /// Globs over the prefixed names (`github__*`): a tool is listed and
+    /// callable if it matches some `allow` (or `allow` is empty) and no
+    /// `deny`.
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    /// The plugin chain, in order; plugins live in the route's namespace.
+    pub plugins: Vec<ResourceKey>,
+    pub limits: McpLimits,
+    /// Published as Protected Resource Metadata (RFC 9728), and named in
+    /// the `WWW-Authenticate` of a 401, when present.
+    pub authorization: Option<McpAuthorization>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpServerDecl {
+    /// A DNS label: it prefixes the server's tools, prompts and resources.
+    pub name: String,
+    /// The server's Streamable HTTP endpoint, e.g. `http://10.0.0.7:8000/mcp`.
+    pub url: String,
+    /// Sent as `Authorization: Bearer <key>`.
+    pub api_key: Option<ApiKeySource>,
+    /// How long a request may wait for the server's response head.
+    pub timeout: Duration,
+    pub tls: Option<BackendTls>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpLimits {
+    /// The largest JSON-RPC message accepted from a client or a server
+    /// (one SSE event's data, or one JSON body).
+    pub max_message_bytes: usize,
+    /// The most tools (prompts, resources) one merged listing holds; past
+    /// it, a server's listing is cut and the cut is logged.
+    pub max_tools: usize,
+    /// Server-to-client streams one session may hold open at once (GET
+    /// streams and POST responses streamed as SSE).
+    pub max_streams_per_session: usize,
+    /// A stream on which a server sends nothing for this long is ended.
+    pub stream_idle_timeout: Duration,
+    /// A session id is honoured this long after it was minted.
+    pub session_ttl: Duration,
+}
+
+impl Default for McpLimits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 4 * 1024 * 1024,
+            max_tools: 1024,
+            max_streams_per_session: 8,
+            stream_idle_timeout: Duration::from_secs(300),
+            session_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct McpAuthorization {
+    /// The authorization servers' issuer URLs.
+    pub authorization_servers: Vec<String>,
+    /// The scopes a client may ask for.
+    pub scopes: Vec<String>,
+    /// The resource identifier clients name in their token requests; the
+    /// route's URL on the listener (scheme and host from the request) when
+    /// absent.
+    pub resource: Option<String>,
+}
+
+impl McpRouteDecl {
+    pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A route at `path` with every default and no servers.
+    pub fn new(key: ResourceKey, path: impl Into<String>) -> Self {
+        Self {
+            key,
+            path: path.into(),
+            servers: vec![],
+            allow: vec![],
+            deny: vec![],
+            plugins: vec![],
+            limits: McpLimits::default(),
+            authorization: None,
+        }
+    }
+
+    /// Whether the prefixed tool `name` may be listed and called.
+    pub fn allows(&self, name: &str) -> bool {
+        (self.allow.is_empty() || self.allow.iter().any(|glob| crate::mcp::glob_match(glob, name)))
+            && !self.deny.iter().any(|glob| crate::mcp::glob_match(glob, name))
+    }
+
+    /// What is wrong with the declaration, if anything: the checks every
+    /// config source makes.
+    pub fn check(&self) -> Result<(), String> {
+        crate::mcp::check_path(&self.path)?;
+        if self.servers.is_empty() {
+            return Err("an MCP route needs at least one server".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for server in &self.servers {
+            crate::mcp::check_server_name(&server.name)?;
+            if !names.insert(server.name.as_str()) {
+                return Err(format!("server name `{}` is used twice", server.name));
+            }
+            if !(server.url.starts_with("http://") || server.url.starts_with("https://")) {
+                return Err(format!("server `{}`: url must be http:// or https://", server.name));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A problem with one resource (or one file), reported and not served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ResourceError {
@@ -503,7 +625,7 @@ pub struct DesiredConfig {
     pub revision: u64,
     pub plugins: Vec<PluginDecl>,
     pub routes: Vec<RouteDecl>,
-    pub mcp_routes: Vec<crate::mcp::McpRouteDecl>,
+    pub mcp_routes: Vec<McpRouteDecl>,
 }
 
 impl DesiredConfig {

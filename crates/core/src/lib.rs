@@ -16,11 +16,10 @@ pub use account::Account;
 pub use backends::{BackendPolicy, Cidr};
 pub use config::{
     ApiKeySource, BackendDecl, ConfigUpdate, DesiredConfig, EgressDestination, EgressGrant, FailurePolicy, Isolation,
-    ModelConflict, Phase, PluginDecl, PluginSource, PullPolicy, RegistryCredentials, ResourceError, ResourceKey,
-    RouteDecl, Secret, StateGrant, VerifyKeys,
+    McpAuthorization, McpLimits, McpRouteDecl, McpServerDecl, ModelConflict, Phase, PluginDecl, PluginSource,
+    PullPolicy, RegistryCredentials, ResourceError, ResourceKey, RouteDecl, Secret, StateGrant, VerifyKeys,
 };
 pub use error::{ApiError, ErrorType};
-pub use mcp::{McpAuthorization, McpLimits, McpRouteDecl, McpServerDecl};
 pub use redact::Redactions;
 pub use report::{LoadReport, LoadState};
 pub use routing::{

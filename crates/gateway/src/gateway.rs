@@ -142,7 +142,7 @@ pub struct Gateway {
     /// One permit per byte of request body held in memory.
     pub(crate) body_budget: Arc<Semaphore>,
     /// MCP streams open per session on this replica.
-    pub(crate) mcp_streams: Arc<crate::mcp::StreamShares>,
+    pub(crate) mcp_streams: Arc<crate::mcp::shares::StreamShares>,
 }
 
 /// What the admin API tells about the last config change.

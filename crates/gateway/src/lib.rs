@@ -19,6 +19,7 @@ mod headers;
 mod json;
 mod mcp;
 mod proxy;
+mod request_body;
 mod response;
 mod server;
 mod snapshot;

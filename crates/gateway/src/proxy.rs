@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -229,7 +229,7 @@ async fn proxy(
     let (parts, body) = request.into_parts();
     // The budget is held until the response head: by then the request body
     // has been sent upstream and dropped.
-    let (body, _budget) = read_body(gateway, body, &parts.headers).await?;
+    let (body, _budget) = crate::request_body::read_body(gateway, body, &parts.headers).await?;
     let (model, chat) = requested_model(&body)?;
     let mut client_request = Outgoing::new(parts, body);
     client_request.chat = chat;
@@ -248,72 +248,6 @@ async fn proxy(
     }
     let first = Hop { route, label: model_label, model };
     fallback::walk(gateway, snapshot, endpoint, first, client_request, record).await
-}
-
-/// Reads the whole request body, within the per-request size limit, the
-/// body timeout, and the memory budget shared by all requests in flight;
-/// returns it with its share of the budget.
-async fn read_body(
-    gateway: &Gateway,
-    body: Incoming,
-    headers: &HeaderMap,
-) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
-    read_body_within(gateway, body, headers, gateway.settings.max_body_bytes).await
-}
-
-/// [`read_body`] within `limit` bytes.
-pub(crate) async fn read_body_within(
-    gateway: &Gateway,
-    mut body: Incoming,
-    headers: &HeaderMap,
-    limit: usize,
-) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(ApiError::too_large(limit));
-    }
-    let over_budget = || ApiError::overloaded("too many request bodies are being buffered");
-    let reserve = |bytes: usize| {
-        let bytes = u32::try_from(bytes).map_err(|_| ApiError::too_large(limit))?;
-        gateway.body_budget.clone().try_acquire_many_owned(bytes).map_err(|_| over_budget())
-    };
-    // The budget holds what is allocated, taken as bytes arrive: a declared
-    // length costs nothing until its bytes come (a client that declares
-    // 4 MiB and sends nothing would hold the budget it never uses).
-    let mut held = reserve(0)?;
-    let read = async {
-        let mut buffer = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|error| {
-                ApiError::invalid_request("body_read_failed", format!("reading the request body: {error}"))
-            })?;
-            let Ok(data) = frame.into_data() else { continue };
-            let needed = buffer.len() + data.len();
-            if needed > limit {
-                return Err(ApiError::too_large(limit));
-            }
-            if needed > buffer.capacity() {
-                // Doubling, to the declared length at most: few copies,
-                // and never more than the body needs when it says.
-                let grown = needed.max((buffer.capacity() * 2).min(declared.unwrap_or(limit).min(limit)));
-                let have = held.num_permits();
-                if grown > have {
-                    held.merge(reserve(grown - have)?);
-                }
-                let mut larger = BytesMut::with_capacity(grown);
-                larger.extend_from_slice(&buffer);
-                buffer = larger;
-            }
-            buffer.extend_from_slice(&data);
-        }
-        Ok(buffer.freeze())
-    };
-    let timeout = gateway.settings.request_body_timeout;
-    match tokio::time::timeout(timeout, read).await {
-        Ok(result) => result.map(|bytes| (bytes, held)),
-        Err(_) => Err(ApiError::request_timeout(timeout)),
-    }
 }
 
 /// The model a request body asks for, and the body read for the plugins:

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, Uri};
 use serde::Serialize;
 use sluice_core::config::Endpoints;
 use sluice_core::{
@@ -20,7 +20,6 @@ use sluice_telemetry::{Label, PluginId};
 
 use crate::backend_api::Adapter;
 use crate::balance::{Balancer, Budget, Health, now_ms};
-use crate::mcp::{McpRoute, McpServer};
 use crate::target::Target;
 use crate::upstream::UpstreamClient;
 
@@ -54,6 +53,38 @@ pub struct Route {
     pub backends: Vec<Backend>,
     pub(crate) balancer: Balancer,
     pub(crate) budget: Budget,
+}
+
+/// An MCP route, built for serving (`crate::mcp` serves it).
+pub struct McpRoute {
+    pub decl: sluice_core::McpRouteDecl,
+    /// `namespace/name`, as metrics and logs name it.
+    pub label: Label,
+    pub chain: Vec<Arc<LoadedPlugin>>,
+    pub servers: Vec<McpServer>,
+}
+
+/// One of an MCP route's servers.
+pub struct McpServer {
+    pub name: String,
+    pub url: String,
+    pub uri: Uri,
+    /// `Bearer <apiKey>`, if it has one.
+    pub credential: Option<HeaderValue>,
+    pub timeout: Duration,
+    pub client: UpstreamClient,
+}
+
+impl McpRoute {
+    pub fn server(&self, name: &str) -> Option<&McpServer> {
+        self.servers.iter().find(|s| s.name == name)
+    }
+
+    /// The largest message read from a client or a server: the route's,
+    /// within the gateway's body limit.
+    pub fn limit(&self, max_body_bytes: usize) -> usize {
+        self.decl.limits.max_message_bytes.min(max_body_bytes)
+    }
 }
 
 pub struct Backend {

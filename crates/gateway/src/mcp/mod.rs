@@ -5,9 +5,12 @@
 //! chain before it reaches a server ([`upstream`]); streams are relayed
 //! event by event ([`stream`]).
 
+mod dispatch;
+mod jsonrpc;
 mod modern;
 mod names;
 pub mod session;
+pub mod shares;
 mod stream;
 mod upstream;
 
@@ -15,124 +18,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use hyper::body::Incoming;
-use serde_json::{Map, Value, json};
-use sluice_core::{ApiError, McpRouteDecl};
+use serde_json::{Value, json};
+use sluice_core::ApiError;
 use sluice_runtime::{McpRequest, PluginRequest};
 use sluice_telemetry::{Label, RequestRecord};
 
 use crate::body::{Body, full, json_response};
 use crate::chain::{Engaged, McpFiltered, mcp_filters, set_all};
 use crate::gateway::Gateway;
-use crate::snapshot::LoadedPlugin;
-use crate::upstream::UpstreamClient;
+use crate::snapshot::McpRoute;
+use dispatch::Via;
+pub use jsonrpc::PROTOCOL_VERSIONS;
+use jsonrpc::{
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, Message, REFUSED, UPSTREAM_ERROR, accepted,
+    rpc_error, rpc_result, unsupported_version,
+};
 use names::Listing;
 use session::Record;
-pub use stream::StreamShares;
 use upstream::{Failure, SESSION_HEADER, VERSION_HEADER};
 
-/// The revisions this gateway speaks with clients, newest first. The
-/// 2026-07-28 revision (stateless, `server/discover`) is not one yet: its
-/// probe is answered "method not found", on which clients of both eras
-/// fall back to `initialize`.
-pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
-
-// JSON-RPC's codes, and MCP's.
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
-const METHOD_NOT_FOUND: i64 = -32601;
-const INVALID_PARAMS: i64 = -32602;
-const INTERNAL_ERROR: i64 = -32603;
-/// A server-defined code (-32000 to -32099): a server could not be reached
-/// or answered badly.
-const UPSTREAM_ERROR: i64 = -32002;
-/// A plugin or the route's tool lists refused the call.
-const REFUSED: i64 = -32001;
-/// MCP's "unsupported protocol version".
-const UNSUPPORTED_VERSION: i64 = -32022;
 /// The most of a client's `initialize` (capabilities and client info) a
 /// session keeps.
 const MAX_KEPT_BYTES: usize = 2048;
-
-/// An MCP route, built for serving.
-pub struct McpRoute {
-    pub decl: McpRouteDecl,
-    /// `namespace/name`, as metrics and logs name it.
-    pub label: Label,
-    pub chain: Vec<Arc<LoadedPlugin>>,
-    pub servers: Vec<McpServer>,
-}
-
-pub struct McpServer {
-    pub name: String,
-    pub url: String,
-    pub uri: Uri,
-    /// `Bearer <apiKey>`, if it has one.
-    pub credential: Option<HeaderValue>,
-    pub timeout: Duration,
-    pub client: UpstreamClient,
-}
-
-impl McpRoute {
-    fn server(&self, name: &str) -> Option<&McpServer> {
-        self.servers.iter().find(|s| s.name == name)
-    }
-
-    /// The largest message read from a client or a server.
-    fn limit(&self, gateway: &Gateway) -> usize {
-        self.decl.limits.max_message_bytes.min(gateway.settings.max_body_bytes)
-    }
-}
-
-/// One JSON-RPC message from a client.
-struct Message {
-    /// The message as parsed; forwarded as written again from this.
-    value: Value,
-    id: Option<Value>,
-    method: Option<String>,
-}
-
-impl Message {
-    fn parse(body: &[u8]) -> Result<Message, (i64, String)> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| (PARSE_ERROR, format!("not JSON: {e}")))?;
-        if value.is_array() {
-            // Batches left the protocol in 2025-06-18; no client sends them.
-            return Err((INVALID_REQUEST, "JSON-RPC batches are not supported".into()));
-        }
-        let Some(object) = value.as_object() else {
-            return Err((INVALID_REQUEST, "a JSON-RPC message is an object".into()));
-        };
-        if object.get("jsonrpc") != Some(&Value::String("2.0".into())) {
-            return Err((INVALID_REQUEST, "`jsonrpc` must be \"2.0\"".into()));
-        }
-        let id = object.get("id").cloned();
-        if id.as_ref().is_some_and(|id| !(id.is_string() || id.is_number())) {
-            return Err((INVALID_REQUEST, "`id` must be a string or a number".into()));
-        }
-        let method = match object.get("method") {
-            None => None,
-            Some(Value::String(method)) => Some(method.clone()),
-            Some(_) => return Err((INVALID_REQUEST, "`method` must be a string".into())),
-        };
-        if method.is_none() && (id.is_none() || !(object.contains_key("result") || object.contains_key("error"))) {
-            return Err((INVALID_REQUEST, "a message needs a `method`, or an `id` and a `result` or `error`".into()));
-        }
-        Ok(Message { value, id, method })
-    }
-
-    fn params(&self) -> Option<&Map<String, Value>> {
-        self.value.get("params").and_then(Value::as_object)
-    }
-
-    fn params_mut(&mut self) -> Option<&mut Map<String, Value>> {
-        self.value.get_mut("params").and_then(Value::as_object_mut)
-    }
-
-    fn bytes(&self) -> Bytes {
-        Bytes::from(self.value.to_string())
-    }
-}
 
 /// Serves one HTTP request to an MCP route's path.
 pub async fn serve(
@@ -207,9 +116,9 @@ async fn post(
             return Ok(unsupported_version(version));
         }
     }
-    let limit = route.limit(gateway);
+    let limit = route.limit(gateway.settings.max_body_bytes);
     let (parts, body) = request.into_parts();
-    let (body, _budget) = crate::proxy::read_body_within(gateway, body, &parts.headers, limit).await?;
+    let (body, _budget) = crate::request_body::read_body_within(gateway, body, &parts.headers, limit).await?;
     let mut message = match Message::parse(&body) {
         Ok(message) => message,
         Err((code, why)) => return Ok(rpc_error(StatusCode::BAD_REQUEST, Value::Null, code, &why)),
@@ -425,7 +334,7 @@ async fn initialize(
         let why = format!("initialize's capabilities and clientInfo are over {MAX_KEPT_BYTES} bytes");
         return rpc_error(StatusCode::OK, id, INVALID_PARAMS, &why);
     }
-    let limit = route.limit(gateway);
+    let limit = route.limit(gateway.settings.max_body_bytes);
     let opened = futures_util::future::join_all(
         route.servers.iter().map(|server| upstream::initialize(server, &kept, version, passed_on, limit)),
     )
@@ -487,7 +396,7 @@ async fn in_session(
     record: &mut RequestRecord,
 ) -> http::Response<Body> {
     let id = message.id.clone().unwrap_or(Value::Null);
-    let limit = route.limit(gateway);
+    let limit = route.limit(gateway.settings.max_body_bytes);
     // The client's answer to a request a server made of it.
     if message.method.is_none() {
         let Some((server, original)) = message.id.as_ref().and_then(names::untag_id) else {
@@ -517,7 +426,7 @@ async fn in_session(
         return accepted();
     }
     if let Some(listing) = Listing::of(&method) {
-        return list(gateway, route, Via::Session { record: session, passed_on }, &message, listing).await;
+        return dispatch::list(route, Via::Session { record: session, passed_on }, &message, listing, limit).await;
     }
     if method == "logging/setLevel" {
         let sent = route.servers.iter().filter_map(|server| {
@@ -530,7 +439,7 @@ async fn in_session(
         futures_util::future::join_all(set).await;
         return rpc_result(id, json!({}));
     }
-    let Some((server, rename)) = target(route, &mut message, &method) else {
+    let Some((server, rename)) = dispatch::target(route, &mut message, &method) else {
         let why = format!("method `{method}` is not served by this gateway, or names no server of the route");
         return rpc_error(StatusCode::OK, id, METHOD_NOT_FOUND, &why);
     };
@@ -569,162 +478,6 @@ async fn in_session(
     };
     record.backend = Some(Label::from(server.url.as_str()));
     stream::relay(route, server, response, rename, call, share, limit)
-}
-
-/// The server a request goes to, or the JSON-RPC error refusing it.
-type Routed<'a> = Result<&'a McpServer, (i64, String)>;
-
-/// The server a request is for, and how its answer is renamed: by the
-/// prefix of its tool or prompt name, or of its resource URI, which is
-/// taken off for the server. `None` for a method not routed by name.
-fn target<'a>(route: &'a McpRoute, message: &mut Message, method: &str) -> Option<(Routed<'a>, stream::Rename)> {
-    let (member, rename) = match method {
-        "tools/call" | "prompts/get" => ("name", stream::Rename::None),
-        "resources/read" => ("uri", stream::Rename::Uris),
-        "resources/subscribe" | "resources/unsubscribe" => ("uri", stream::Rename::None),
-        "completion/complete" => return Some((complete_target(route, message), stream::Rename::None)),
-        _ => return None,
-    };
-    let Some(params) = message.params_mut() else {
-        return Some((Err((INVALID_PARAMS, format!("{method} needs params"))), rename));
-    };
-    let Some(Value::String(name)) = params.get(member) else {
-        return Some((Err((INVALID_PARAMS, format!("{method} needs a string `{member}`"))), rename));
-    };
-    let split = if member == "uri" { names::split_uri(name) } else { names::split_name(name) };
-    let unknown =
-        || (INVALID_PARAMS, format!("unknown {}: `{name}`", if member == "uri" { "resource" } else { "name" }));
-    let Some((server, unprefixed)) = split else { return Some((Err(unknown()), rename)) };
-    let Some(found) = route.server(server) else { return Some((Err(unknown()), rename)) };
-    if method == "tools/call" && !route.decl.allows(name) {
-        let why = format!("tool `{name}` is not allowed on this route");
-        return Some((Err((REFUSED, why)), rename));
-    }
-    let unprefixed = unprefixed.to_string();
-    params.insert(member.into(), Value::String(unprefixed));
-    Some((Ok(found), rename))
-}
-
-/// `completion/complete` names a prompt or a resource in its `ref`.
-fn complete_target<'a>(route: &'a McpRoute, message: &mut Message) -> Result<&'a McpServer, (i64, String)> {
-    let bad = || (INVALID_PARAMS, "completion/complete needs a `ref` naming a prompt or a resource".to_string());
-    let reference =
-        message.params_mut().and_then(|p| p.get_mut("ref")).and_then(Value::as_object_mut).ok_or_else(bad)?;
-    type Split = fn(&str) -> Option<(&str, &str)>;
-    let (member, split): (&str, Split) = match reference.get("type").and_then(Value::as_str) {
-        Some("ref/prompt") => ("name", names::split_name),
-        Some("ref/resource") => ("uri", names::split_uri),
-        _ => return Err(bad()),
-    };
-    let name = reference.get(member).and_then(Value::as_str).ok_or_else(bad)?.to_string();
-    let (server, unprefixed) = split(&name).ok_or_else(bad)?;
-    let server = route.server(server).ok_or_else(bad)?;
-    reference.insert(member.into(), Value::String(unprefixed.into()));
-    Ok(server)
-}
-
-/// A listing merged from every server of the session: each server's pages
-/// read through (the client gets one page), items renamed, tools filtered
-/// by the route's lists, and at most `max_tools` items in all.
-/// How requests reach a server: in the client's session (the handshake
-/// era), or each standing alone with the client's `_meta` (2026-07-28).
-#[derive(Clone, Copy)]
-enum Via<'a> {
-    Session { record: &'a Record, passed_on: &'a HeaderMap },
-    Modern { meta: &'a Value, headers: &'a HeaderMap },
-}
-
-async fn list(
-    gateway: &Gateway,
-    route: &McpRoute,
-    via: Via<'_>,
-    message: &Message,
-    listing: Listing,
-) -> http::Response<Body> {
-    let id = message.id.clone().unwrap_or(Value::Null);
-    let limit = route.limit(gateway);
-    let max = route.decl.limits.max_tools;
-    let method = message.method.clone().unwrap_or_default();
-    let listed = route.servers.iter().map(|server| {
-        let method = method.clone();
-        async move { (server, list_one(server, via, &method, listing, limit, max).await) }
-    });
-    let mut items = Vec::new();
-    for (server, listed) in futures_util::future::join_all(listed).await {
-        match listed {
-            Ok(listed) => {
-                for mut item in listed {
-                    names::rename_item(listing, &server.name, &mut item);
-                    let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
-                    if listing == Listing::Tools && !route.decl.allows(name) {
-                        continue;
-                    }
-                    if items.len() == max {
-                        tracing::warn!(route = %route.label, server = %server.name, max, "an MCP listing was cut at its limit");
-                        break;
-                    }
-                    items.push(item);
-                }
-            }
-            // One server down leaves its items out, not the listing.
-            Err(error) => tracing::warn!(route = %route.label, %error, "an MCP server's listing is left out"),
-        }
-    }
-    let mut result = Map::new();
-    result.insert(listing.member().into(), Value::Array(items));
-    if let Via::Modern { .. } = via {
-        // 2026-07-28's result fields. A listing merged from several servers
-        // is nobody's to cache: private, for no time.
-        result.insert("cacheScope".into(), json!("private"));
-        result.insert("ttlMs".into(), json!(0));
-        result.insert("resultType".into(), json!("complete"));
-    }
-    rpc_result(id, Value::Object(result))
-}
-
-/// Every page of one server's listing, at most `max` items and 64 pages.
-async fn list_one(
-    server: &McpServer,
-    via: Via<'_>,
-    method: &str,
-    listing: Listing,
-    limit: usize,
-    max: usize,
-) -> Result<Vec<Value>, Failure> {
-    let mut items = Vec::new();
-    let mut cursor: Option<Value> = None;
-    for page in 0..64 {
-        let id = json!(format!("sluice-list-{page}"));
-        let response = match via {
-            Via::Session { record, passed_on } => {
-                let params = match &cursor {
-                    Some(cursor) => json!({"cursor": cursor}),
-                    None => json!({}),
-                };
-                let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-                upstream::post_in_session(server, record, Bytes::from(request.to_string()), passed_on, limit).await?.0
-            }
-            Via::Modern { meta, headers } => {
-                let request = modern::list_request(&id, method, meta, cursor.as_ref());
-                upstream::post(server, None, request, headers).await?
-            }
-        };
-        let answer = upstream::answer(&server.name, response, &id, limit, server.timeout).await?;
-        let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
-        if let Some(error) = answer.get("error") {
-            return Err(malformed(&format!("it refused {method}: {error}")));
-        }
-        let result = answer.get("result").ok_or_else(|| malformed("no result"))?;
-        let Some(Value::Array(page)) = result.get(listing.member()) else {
-            return Err(malformed(&format!("its {method} result has no `{}` list", listing.member())));
-        };
-        items.extend(page.iter().take(max.saturating_sub(items.len())).cloned());
-        cursor = result.get("nextCursor").filter(|c| c.is_string()).cloned();
-        if cursor.is_none() || items.len() >= max {
-            break;
-        }
-    }
-    Ok(items)
 }
 
 /// GET: the servers' own streams (messages outside any request) merged
@@ -767,7 +520,7 @@ async fn listen(
         let why = format!("this session has {max} streams open");
         return rpc_error(StatusCode::TOO_MANY_REQUESTS, Value::Null, INVALID_REQUEST, &why);
     };
-    stream::merged(route, streams, Some(share), route.limit(gateway))
+    stream::merged(route, streams, Some(share), route.limit(gateway.settings.max_body_bytes))
 }
 
 /// DELETE: ends the session on every server. The id itself cannot be
@@ -814,36 +567,6 @@ fn open_session(
         Ok(session) => Ok((session, Some(value.clone()))),
         Err(why) => Err(Box::new(rpc_error(StatusCode::NOT_FOUND, Value::Null, INVALID_REQUEST, &why.to_string()))),
     }
-}
-
-/// MCP's answer to a revision it does not speak (-32022), naming those it
-/// does.
-fn unsupported_version(asked: &HeaderValue) -> http::Response<Body> {
-    let asked = String::from_utf8_lossy(asked.as_bytes());
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {
-        "code": UNSUPPORTED_VERSION,
-        "message": format!("unsupported MCP-Protocol-Version `{asked}`; this gateway speaks {}", PROTOCOL_VERSIONS.join(", ")),
-        "data": {"supported": PROTOCOL_VERSIONS, "requested": asked},
-    }});
-    json_response(StatusCode::BAD_REQUEST, body.to_string().into_bytes())
-}
-
-fn accepted() -> http::Response<Body> {
-    let mut response = http::Response::new(full(Bytes::new()));
-    *response.status_mut() = StatusCode::ACCEPTED;
-    response
-}
-
-fn rpc_result(id: Value, result: Value) -> http::Response<Body> {
-    let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
-    json_response(StatusCode::OK, body.to_string().into_bytes())
-}
-
-/// Every error an MCP client sees goes through here, in JSON-RPC's shape
-/// (the MCP counterpart of [`crate::body::error_response`]).
-pub fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> http::Response<Body> {
-    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-    json_response(status, body.to_string().into_bytes())
 }
 
 fn failed(route: &McpRoute, status: StatusCode, id: Value, failure: &Failure) -> http::Response<Body> {

@@ -11,19 +11,20 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::{Value, json};
 use sluice_telemetry::{Label, RequestRecord};
 
-use super::names::{self, Listing};
-use super::upstream::{self, Failure, VERSION_HEADER};
-use super::{
-    INVALID_PARAMS, METHOD_NOT_FOUND, McpRoute, Message, PROTOCOL_VERSIONS, UNSUPPORTED_VERSION, accepted, rpc_error,
-    rpc_result, stream,
+use super::dispatch::{self, Via};
+use super::jsonrpc::{
+    INVALID_PARAMS, METHOD_NOT_FOUND, Message, PROTOCOL_VERSIONS, UNSUPPORTED_VERSION, accepted, rpc_error, rpc_result,
 };
+use super::names::{self, Listing};
+use super::stream;
+use super::upstream::{self, Failure, VERSION_HEADER};
 use crate::body::Body;
 use crate::gateway::Gateway;
+use crate::snapshot::McpRoute;
 
 pub const MODERN: &str = "2026-07-28";
 const METHOD_HEADER: HeaderName = HeaderName::from_static("mcp-method");
@@ -88,7 +89,7 @@ pub async fn handle(
         let why = "params._meta must carry the protocol version the MCP-Protocol-Version header names";
         return rpc_error(StatusCode::BAD_REQUEST, id, HEADER_MISMATCH, why);
     }
-    let limit = route.limit(gateway);
+    let limit = route.limit(gateway.settings.max_body_bytes);
     if message.id.is_none() {
         // A notification (a cancel): every server may be the one it is for.
         let headers = headers_for(passed_on, client, &method, None);
@@ -113,10 +114,9 @@ pub async fn handle(
     if let Some(listing) = Listing::of(&method) {
         let headers = headers_for(passed_on, client, &method, None);
         let meta = meta.unwrap_or(json!({}));
-        return super::list(gateway, route, super::Via::Modern { meta: &meta, headers: &headers }, &message, listing)
-            .await;
+        return dispatch::list(route, Via::Modern { meta: &meta, headers: &headers }, &message, listing, limit).await;
     }
-    let Some((server, rename)) = super::target(route, &mut message, &method) else {
+    let Some((server, rename)) = dispatch::target(route, &mut message, &method) else {
         let why = format!("method `{method}` is not served by this gateway, or names no server of the route");
         return rpc_error(StatusCode::OK, id, METHOD_NOT_FOUND, &why);
     };
@@ -234,15 +234,6 @@ async fn listen(
         return rpc_error(StatusCode::OK, id, INVALID_PARAMS, "no server of this route offers a notification stream");
     }
     stream::merged(route, streams, None, limit)
-}
-
-/// A listing's request to one server at this revision.
-pub fn list_request(id: &Value, method: &str, meta: &Value, cursor: Option<&Value>) -> Bytes {
-    let mut params = json!({"_meta": meta});
-    if let Some(cursor) = cursor {
-        params["cursor"] = cursor.clone();
-    }
-    Bytes::from(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string())
 }
 
 #[cfg(test)]

@@ -4,8 +4,6 @@
 //! message within the size limit and the stream within its idle time; and
 //! the per-session count of open streams.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -17,11 +15,13 @@ use serde_json::Value;
 use sluice_telemetry::Label;
 use sluice_telemetry::metrics::{McpCallLabels, McpDurationLabels, metrics};
 
+use super::jsonrpc::{INTERNAL_ERROR, UPSTREAM_ERROR, rpc_error};
 use super::names;
+use super::shares::StreamShare;
 use super::upstream::is_stream;
-use super::{INTERNAL_ERROR, McpRoute, McpServer, UPSTREAM_ERROR, rpc_error};
 use crate::body::{Body, BoxError};
 use crate::chain::Engaged;
+use crate::snapshot::{McpRoute, McpServer};
 use crate::sse::{EventSplitter, data_event, data_of, with_data};
 use sluice_runtime::{Hooks, PluginError, ResponseSummary};
 
@@ -100,47 +100,6 @@ fn answers(message: &Value, id: &Value) -> bool {
         && message.get("id") == Some(id)
         && message.get("method").is_none()
         && (message.get("result").is_some() || message.get("error").is_some())
-}
-
-/// The streams open per session on this replica. A count, not state: a
-/// session's streams on other replicas are theirs to bound.
-#[derive(Default)]
-pub struct StreamShares {
-    open: parking_lot::Mutex<HashMap<Box<str>, usize>>,
-}
-
-/// One open stream of a session; the count drops with it.
-pub struct StreamShare {
-    shares: Arc<StreamShares>,
-    key: Box<str>,
-}
-
-impl StreamShares {
-    /// A place for one more stream of the session `id`, if it has fewer
-    /// than `max` open here.
-    pub fn take(self: &Arc<Self>, id: &HeaderValue, max: usize) -> Option<StreamShare> {
-        // The nonce at its start tells sessions apart.
-        let key: Box<str> = String::from_utf8_lossy(&id.as_bytes()[..id.len().min(32)]).into();
-        let mut open = self.open.lock();
-        let count = open.entry(key.clone()).or_default();
-        if *count >= max {
-            return None;
-        }
-        *count += 1;
-        Some(StreamShare { shares: self.clone(), key })
-    }
-}
-
-impl Drop for StreamShare {
-    fn drop(&mut self) {
-        let mut open = self.shares.open.lock();
-        if let Some(count) = open.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.key);
-            }
-        }
-    }
 }
 
 /// Counts one routed request by how it ended.

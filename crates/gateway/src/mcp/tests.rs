@@ -1,4 +1,9 @@
 use super::*;
+use crate::snapshot::McpServer;
+use crate::upstream::UpstreamClient;
+use dispatch::target;
+use jsonrpc::PARSE_ERROR;
+use sluice_core::McpRouteDecl;
 
 fn parsed(text: &str) -> Result<Message, (i64, String)> {
     Message::parse(text.as_bytes())

@@ -10,8 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use super::McpServer;
 use super::session::{Record, Upstream};
+use crate::snapshot::McpServer;
 use crate::sse::{EventSplitter, data_of};
 
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
