@@ -441,3 +441,14 @@ async fn response_hooks_see_each_answer_and_its_end() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A route's author may lower the operator's caps, not raise them: a route
+/// asking for 5000 tools a listing gets the gateway's 3.
+#[tokio::test]
+async fn a_routes_limits_stay_within_the_gateways_caps() {
+    let capped = Options { args: vec!["--mcp-max-tools".into(), "3".into()], ..Default::default() };
+    let setup = setup(&[], "  limits: {maxTools: 5000}\n", capped).await;
+    let listed = client_in(&setup.gateway, Some("legacy"), &["list"]).await;
+    assert_eq!(listed["tools"].as_array().unwrap().len(), 3, "{listed}");
+    assert!(setup.gateway.log().contains("an MCP listing was cut at its limit"), "{}", setup.gateway.log());
+}

@@ -537,6 +537,20 @@ impl Default for McpLimits {
     }
 }
 
+impl McpLimits {
+    /// These limits, none past `caps`: a route's author may lower the
+    /// gateway's caps (`--mcp-max-*`), never raise them.
+    pub fn within(&self, caps: &McpLimits) -> McpLimits {
+        McpLimits {
+            max_message_bytes: self.max_message_bytes.min(caps.max_message_bytes),
+            max_tools: self.max_tools.min(caps.max_tools),
+            max_streams_per_session: self.max_streams_per_session.min(caps.max_streams_per_session),
+            stream_idle_timeout: self.stream_idle_timeout.min(caps.stream_idle_timeout),
+            session_ttl: self.session_ttl.min(caps.session_ttl),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct McpAuthorization {
     /// The authorization servers' issuer URLs.
@@ -787,6 +801,16 @@ mod tests {
         let reversed: Vec<_> = routes.iter().rev().collect();
         let owners: Vec<_> = model_conflicts(reversed).into_iter().map(|c| (c.route, c.owner)).collect();
         assert_eq!(owners, vec![(key("b"), key("c"))], "the order given is the precedence");
+    }
+
+    #[test]
+    fn a_routes_mcp_limits_stay_within_the_gateways_caps() {
+        let caps = McpLimits { max_tools: 10, session_ttl: Duration::from_secs(60), ..McpLimits::default() };
+        let asked = McpLimits { max_tools: 5000, max_streams_per_session: 2, ..McpLimits::default() };
+        let allowed = asked.within(&caps);
+        assert_eq!((allowed.max_tools, allowed.max_streams_per_session), (10, 2), "raised: capped; lowered: kept");
+        assert_eq!(allowed.session_ttl, Duration::from_secs(60));
+        assert_eq!(allowed.max_message_bytes, McpLimits::default().max_message_bytes);
     }
 
     #[test]

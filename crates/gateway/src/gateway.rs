@@ -70,6 +70,8 @@ pub struct Settings {
     /// Seal and open MCP session ids (`--mcp-session-keys`): shared by
     /// every replica so that any continues any session.
     pub mcp_session_keys: Arc<crate::mcp::session::SessionKeys>,
+    /// The most an MCP route may ask for (`spec.limits`), each a flag.
+    pub mcp_limits: sluice_core::McpLimits,
 }
 
 impl Default for Settings {
@@ -99,6 +101,7 @@ impl Default for Settings {
                 Self::DEFAULT_RESPONSE_BUFFER_BACKEND_PERCENT,
             ),
             mcp_session_keys: Arc::new(crate::mcp::session::SessionKeys::ephemeral()),
+            mcp_limits: sluice_core::McpLimits::default(),
         }
     }
 }
@@ -260,7 +263,7 @@ impl Gateway {
     }
 
     async fn apply(&self, update: ConfigUpdate) -> Applied {
-        let desired = match update {
+        let mut desired = match update {
             ConfigUpdate::Desired(desired) => desired,
             ConfigUpdate::Invalid(errors) => {
                 for error in &errors {
@@ -272,6 +275,10 @@ impl Gateway {
                 return Applied::Done;
             }
         };
+        // A route's author chooses its MCP limits within the operator's caps.
+        for route in &mut desired.mcp_routes {
+            route.limits = route.limits.within(&self.settings.mcp_limits);
+        }
         let previous = self.snapshot.load_full();
         let load_timeout = self.settings.plugin_load_timeout;
         let (next, build) = snapshot::build(

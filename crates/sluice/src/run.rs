@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use sluice_core::McpLimits;
 use sluice_gateway::{Gateway, Settings};
 use sluice_runtime::{Runtime, RuntimeConfig};
 use sluice_serve::Limits;
@@ -217,6 +218,35 @@ pub struct McpArgs {
     /// with the process and stay on the replica that began them.
     #[arg(long, value_name = "FILE", env = "SLUICE_MCP_SESSION_KEYS")]
     pub mcp_session_keys: Option<std::path::PathBuf>,
+    /// The largest JSON-RPC message an MCP route may accept, either way
+    /// (a route's `limits.maxMessageBytes` may only lower it; the request
+    /// body limit applies too).
+    #[arg(long, default_value_t = McpLimits::default().max_message_bytes)]
+    pub mcp_max_message_bytes: usize,
+    /// The most items an MCP route's merged listing may hold.
+    #[arg(long, default_value_t = McpLimits::default().max_tools)]
+    pub mcp_max_tools: usize,
+    /// The most streams an MCP session may hold open on one replica.
+    #[arg(long, default_value_t = McpLimits::default().max_streams_per_session)]
+    pub mcp_max_streams_per_session: usize,
+    /// The longest an MCP server's stream may stay silent before it is cut.
+    #[arg(long, default_value_t = McpLimits::default().stream_idle_timeout.as_secs())]
+    pub mcp_max_stream_idle_seconds: u64,
+    /// The longest an MCP session id is honoured after it was minted.
+    #[arg(long, default_value_t = McpLimits::default().session_ttl.as_secs())]
+    pub mcp_max_session_ttl_seconds: u64,
+}
+
+impl McpArgs {
+    fn limits(&self) -> McpLimits {
+        McpLimits {
+            max_message_bytes: self.mcp_max_message_bytes,
+            max_tools: self.mcp_max_tools.max(1),
+            max_streams_per_session: self.mcp_max_streams_per_session.max(1),
+            stream_idle_timeout: Duration::from_secs(self.mcp_max_stream_idle_seconds.max(1)),
+            session_ttl: Duration::from_secs(self.mcp_max_session_ttl_seconds.max(1)),
+        }
+    }
 }
 
 /// Outbound HTTP of plugins granted it (`spec.egress`): the caps every
@@ -630,6 +660,7 @@ fn build_gateway(args: &RunArgs, state_store: Option<sluice_runtime::StateStore>
             args.memory.max_buffered_response_bytes,
             args.memory.max_buffered_response_backend_percent,
         ),
+        mcp_limits: args.mcp.limits(),
         mcp_session_keys: Arc::new(match &args.mcp.mcp_session_keys {
             Some(path) => sluice_gateway::McpSessionKeys::read(path)?,
             None => sluice_gateway::McpSessionKeys::ephemeral(),
