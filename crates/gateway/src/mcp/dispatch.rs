@@ -2,8 +2,11 @@
 //! it carries, or merged from every server (listings), in a session or at
 //! 2026-07-28 ([`Via`]).
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use http::HeaderMap;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::jsonrpc::{INVALID_PARAMS, Message, REFUSED, rpc_result};
@@ -124,7 +127,12 @@ pub async fn list(
     rpc_result(id, Value::Object(result))
 }
 
-/// Every page of one server's listing, at most `max` items and 64 pages.
+/// Every page of one server's listing: at most `max` well-formed items
+/// and 64 pages, all within the server's timeout (a server paging slowly,
+/// or trickling keep-alives, is cut there, not per page; what it listed by
+/// then is kept). Items are read as raw text and parsed only if kept, so a
+/// huge page costs its bytes, not a tree of them; an item that is not an
+/// object naming itself is left out.
 async fn list_one(
     server: &McpServer,
     via: Via<'_>,
@@ -134,7 +142,29 @@ async fn list_one(
     max: usize,
 ) -> Result<Vec<Value>, Failure> {
     let mut items = Vec::new();
+    let pages = list_pages(server, via, method, listing, limit, max, &mut items);
+    let timed_out = || Failure::Timeout { server: server.name.clone(), after: server.timeout };
+    match tokio::time::timeout(server.timeout, pages).await {
+        Ok(listed) => listed.map(|()| items),
+        Err(_) if items.is_empty() => Err(timed_out()),
+        Err(_) => {
+            tracing::warn!(server = %server.name, listed = items.len(), "{}; its listing is cut there", timed_out());
+            Ok(items)
+        }
+    }
+}
+
+async fn list_pages(
+    server: &McpServer,
+    via: Via<'_>,
+    method: &str,
+    listing: Listing,
+    limit: usize,
+    max: usize,
+    items: &mut Vec<Value>,
+) -> Result<(), Failure> {
     let mut cursor: Option<Value> = None;
+    let mut left_out = 0usize;
     for page in 0..64 {
         let id = json!(format!("sluice-list-{page}"));
         let response = match via {
@@ -151,22 +181,56 @@ async fn list_one(
                 upstream::post(server, None, request, headers).await?
             }
         };
-        let answer = upstream::answer(&server.name, response, &id, limit, server.timeout).await?;
-        let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
-        if let Some(error) = answer.get("error") {
-            return Err(malformed(&format!("it refused {method}: {error}")));
+        let text = upstream::answer(&server.name, response, &id, limit, server.timeout).await?;
+        let malformed = |why: String| Failure::Malformed { server: server.name.clone(), why };
+        let answer: upstream::Envelope =
+            serde_json::from_str(&text).map_err(|e| malformed(format!("its answer is not JSON-RPC: {e}")))?;
+        if let Some(error) = answer.error {
+            let error: String = error.get().chars().take(200).collect();
+            return Err(malformed(format!("it refused {method}: {error}")));
         }
-        let result = answer.get("result").ok_or_else(|| malformed("no result"))?;
-        let Some(Value::Array(page)) = result.get(listing.member()) else {
-            return Err(malformed(&format!("its {method} result has no `{}` list", listing.member())));
-        };
-        items.extend(page.iter().take(max.saturating_sub(items.len())).cloned());
-        cursor = result.get("nextCursor").filter(|c| c.is_string()).cloned();
+        let result = answer.result.ok_or_else(|| malformed("no result".into()))?;
+        // Each member left as raw text.
+        let page: BTreeMap<String, &RawValue> = serde_json::from_str(result.get())
+            .map_err(|e| malformed(format!("its {method} result is not a listing: {e}")))?;
+        let member = page.get(listing.member()).copied();
+        let raw: Vec<&RawValue> = member
+            .map(|m| serde_json::from_str(m.get()))
+            .transpose()
+            .ok()
+            .flatten()
+            .ok_or_else(|| malformed(format!("its {method} result has no `{}` list", listing.member())))?;
+        for item in raw {
+            if items.len() >= max {
+                break;
+            }
+            match serde_json::from_str::<Value>(item.get()) {
+                Ok(item) if well_formed(listing, &item) => items.push(item),
+                _ => left_out += 1,
+            }
+        }
+        cursor =
+            page.get("nextCursor").and_then(|c| serde_json::from_str::<Value>(c.get()).ok()).filter(Value::is_string);
         if cursor.is_none() || items.len() >= max {
             break;
         }
     }
-    Ok(items)
+    if left_out > 0 {
+        tracing::warn!(server = %server.name, left_out, "an MCP server listed items that are not well formed; left out");
+    }
+    Ok(())
+}
+
+/// An item a client can use: an object with a string `name`, and for a
+/// resource its `uri` (a template its `uriTemplate`).
+fn well_formed(listing: Listing, item: &Value) -> bool {
+    let text = |member: &str| item.get(member).is_some_and(Value::is_string);
+    text("name")
+        && match listing {
+            Listing::Resources => text("uri"),
+            Listing::ResourceTemplates => text("uriTemplate"),
+            Listing::Tools | Listing::Prompts => true,
+        }
 }
 
 /// A listing's request to one server at this revision.

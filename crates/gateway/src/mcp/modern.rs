@@ -160,11 +160,19 @@ async fn discover(
     let headers = headers_for(passed_on, client, "server/discover", None);
     let asked = route.servers.iter().map(|server| {
         let (headers, id) = (&headers, &id);
-        async move {
+        let asked = async move {
             let response = upstream::post(server, None, message.bytes(), headers).await?;
             let answer = upstream::answer(&server.name, response, id, limit, server.timeout).await?;
-            let result = answer.get("result").cloned();
-            result.ok_or_else(|| Failure::Malformed { server: server.name.clone(), why: "no discover result".into() })
+            let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
+            let answer: Value = serde_json::from_str(&answer).map_err(|_| malformed("its answer is not JSON"))?;
+            answer.get("result").cloned().ok_or_else(|| malformed("no discover result"))
+        };
+        // One deadline for the exchange: a trickling server cannot hold
+        // every client's discovery.
+        async move {
+            tokio::time::timeout(server.timeout, asked)
+                .await
+                .unwrap_or_else(|_| Err(Failure::Timeout { server: server.name.clone(), after: server.timeout }))
         }
     });
     let mut capabilities = Vec::new();

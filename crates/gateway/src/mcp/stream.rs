@@ -146,15 +146,18 @@ fn renamed(server: &str, data: &str, call: Option<(&Value, Rename)>) -> Option<(
             }
         }
         None => {
-            if let Some((id, rename)) = call
-                && message.get("id") == Some(id)
+            // A response is the call's answer or nothing: a server cannot
+            // answer the client's requests to another server (the client
+            // matches answers by id alone), nor any on a GET stream.
+            let (id, rename) = call?;
+            if message.get("id") != Some(id) {
+                return None;
+            }
+            is_answer = true;
+            if rename == Rename::Uris
+                && let Some(result) = message.get_mut("result")
             {
-                is_answer = true;
-                if rename == Rename::Uris
-                    && let Some(result) = message.get_mut("result")
-                {
-                    names::rename_uris(server, result);
-                }
+                names::rename_uris(server, result);
             }
         }
     }
@@ -243,8 +246,9 @@ fn relay_json(
             Ok(bytes) => std::str::from_utf8(&bytes)
                 .ok()
                 .and_then(|text| renamed(&server, text, Some((&call.id, rename))))
+                .filter(|(_, is_answer)| *is_answer)
                 .map(|(message, _)| message)
-                .ok_or_else(|| "its answer is not a JSON-RPC message".to_string()),
+                .ok_or_else(|| "its answer is not a JSON-RPC response to the request".to_string()),
         };
         let message = match read {
             Ok(message) => through_hooks(&mut call, message).await,
@@ -312,6 +316,12 @@ impl Relay {
                 && answer.is_none()
                 && let Some(event) = self.splitter.next_event()
             {
+                // However its bytes arrived: one frame may complete an
+                // event past the limit.
+                if event.len() > self.limit {
+                    out.extend_from_slice(&self.fail(&format!("a message over {} bytes", self.limit)));
+                    return Some(Ok(out.freeze()));
+                }
                 answer = self.relay_event(&event, &mut out);
             }
             if let Some((event, message)) = answer {
@@ -325,7 +335,7 @@ impl Relay {
                 return Some(Ok(self.fail(&format!("a message over {} bytes", self.limit))));
             }
             match tokio::time::timeout(self.idle, self.body.frame()).await {
-                Err(_) => return Some(Ok(self.fail(&format!("sent nothing for {} s", self.idle.as_secs())))),
+                Err(_) => return Some(Ok(self.fail(&format!("sent nothing for {} ms", self.idle.as_millis())))),
                 Ok(None) => {
                     if let Some(rest) = self.splitter.remainder()
                         && let Some((event, message)) = self.relay_event(&rest, &mut out)

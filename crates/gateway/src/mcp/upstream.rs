@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::session::{Record, Upstream};
@@ -35,7 +36,7 @@ pub fn endpoint_tag(url: &str) -> String {
 pub enum Failure {
     #[error("server `{server}` could not be reached: {why}")]
     Unreachable { server: String, why: String },
-    #[error("server `{server}` did not answer within {} s", .after.as_secs())]
+    #[error("server `{server}` did not answer within {} ms", .after.as_millis())]
     Timeout { server: String, after: Duration },
     /// The server no longer knows the session (it restarted): 404.
     #[error("server `{server}` no longer knows the session")]
@@ -166,17 +167,18 @@ pub fn is_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
 }
 
-/// Reads the answer to request `id` from a response, JSON or SSE: what
-/// else the stream carries (progress, logs) is dropped, as the gateway
-/// answers the client itself. Bounded by `limit` bytes per message and in
-/// all, and `idle` between frames.
+/// Reads the answer to request `id` from a response, JSON or SSE, as the
+/// message's text: what else the stream carries (progress, logs) is
+/// dropped, as the gateway answers the client itself. Bounded by `limit`
+/// bytes in all and `idle` between frames; the caller bounds the whole
+/// exchange (a server trickling keep-alives is cut there).
 pub async fn answer(
     server: &str,
     response: http::Response<Incoming>,
     id: &Value,
     limit: usize,
     idle: Duration,
-) -> Result<Value, Failure> {
+) -> Result<String, Failure> {
     let malformed = |why: String| Failure::Malformed { server: server.to_string(), why };
     let streamed = is_stream(response.headers());
     let mut body = response.into_body();
@@ -200,33 +202,46 @@ pub async fn answer(
         }
         splitter.push(&data);
         while let Some(event) = splitter.next_event() {
-            let Some(data) = data_of(&event) else { continue };
-            if let Some(answer) = answer_in(&data, id) {
-                return Ok(answer);
+            if let Some(data) = data_of(&event).filter(|data| answers(data, id)) {
+                return Ok(data);
             }
         }
     }
     if streamed {
-        if let Some(answer) = splitter.remainder().and_then(|rest| data_of(&rest)).and_then(|data| answer_in(&data, id))
-        {
-            return Ok(answer);
-        }
-        return Err(malformed("its stream ended without the answer".into()));
+        return match splitter.remainder().and_then(|rest| data_of(&rest)).filter(|data| answers(data, id)) {
+            Some(data) => Ok(data),
+            None => Err(malformed("its stream ended without the answer".into())),
+        };
     }
-    let message: Value = serde_json::from_slice(&json).map_err(|e| malformed(format!("not JSON: {e}")))?;
-    answer_in_value(message, id).ok_or_else(|| malformed("its answer is not a JSON-RPC response to the request".into()))
+    let text = String::from_utf8(json).map_err(|_| malformed("its answer is not UTF-8".into()))?;
+    if answers(&text, id) {
+        Ok(text)
+    } else {
+        Err(malformed("its answer is not a JSON-RPC response to the request".into()))
+    }
 }
 
-fn answer_in(data: &str, id: &Value) -> Option<Value> {
-    answer_in_value(serde_json::from_str(data).ok()?, id)
+/// The members of a JSON-RPC message that say what it is, read without
+/// building the rest (a listing's items are parsed only if kept).
+#[derive(serde::Deserialize)]
+pub struct Envelope<'a> {
+    #[serde(default)]
+    pub id: Option<Value>,
+    #[serde(default, borrow)]
+    pub method: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub result: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub error: Option<&'a RawValue>,
 }
 
-/// `message` if it is the response (result or error) to request `id`.
-fn answer_in_value(message: Value, id: &Value) -> Option<Value> {
-    let is_answer = message.get("id") == Some(id)
-        && message.get("method").is_none()
-        && (message.get("result").is_some() || message.get("error").is_some());
-    is_answer.then_some(message)
+/// Whether `text` is a JSON-RPC answer (result or error) to request `id`.
+fn answers(text: &str, id: &Value) -> bool {
+    serde_json::from_str::<Envelope>(text).is_ok_and(|message| {
+        message.id.as_ref() == Some(id)
+            && message.method.is_none()
+            && (message.result.is_some() || message.error.is_some())
+    })
 }
 
 /// Opens a session with `server` as the client opened its own: the
@@ -234,6 +249,21 @@ fn answer_in_value(message: Value, id: &Value) -> Option<Value> {
 /// `notifications/initialized`. Returns the server's side of the session
 /// and its `initialize` result.
 pub async fn initialize(
+    server: &McpServer,
+    params: &Value,
+    version: &str,
+    passed_on: &HeaderMap,
+    limit: usize,
+) -> Result<(Upstream, Value), Failure> {
+    // One deadline for the whole exchange: a server that trickles
+    // keep-alives must not hold a new session (every server's) open.
+    let opened = initialize_unbounded(server, params, version, passed_on, limit);
+    tokio::time::timeout(server.timeout, opened)
+        .await
+        .unwrap_or_else(|_| Err(Failure::Timeout { server: server.name.clone(), after: server.timeout }))
+}
+
+async fn initialize_unbounded(
     server: &McpServer,
     params: &Value,
     version: &str,
@@ -256,6 +286,7 @@ pub async fn initialize(
     }
     let answer = answer(&server.name, response, &id, limit, server.timeout).await?;
     let malformed = |why: &str| Failure::Malformed { server: server.name.clone(), why: why.into() };
+    let answer: Value = serde_json::from_str(&answer).map_err(|_| malformed("its answer is not JSON"))?;
     if let Some(error) = answer.get("error") {
         return Err(malformed(&format!("it refused `initialize`: {error}")));
     }
