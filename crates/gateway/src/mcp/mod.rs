@@ -1,9 +1,11 @@
 //! The MCP gateway: Model Context Protocol servers behind one path, over
-//! Streamable HTTP (docs/mcp.md). Several servers appear as one
-//! ([`names`]); the session lives in its id ([`session`]), so any replica
-//! continues any session; each client message passes the route's plugin
-//! chain before it reaches a server ([`upstream`]); streams are relayed
-//! event by event ([`stream`]).
+//! Streamable HTTP (docs/mcp.md). Each client message ([`jsonrpc`])
+//! passes the route's plugin chain here, then goes, in the handshake era,
+//! through the session its id carries ([`session`], so any replica
+//! continues any session) or, at 2026-07-28, stands alone ([`modern`]);
+//! it is merged from every server or routed to one by its name's prefix
+//! ([`dispatch`], [`names`]), sent to the server ([`upstream`]), and its
+//! answer relayed event by event ([`stream`]).
 
 mod dispatch;
 mod jsonrpc;
@@ -111,8 +113,8 @@ async fn post(
     if let Some(version) = request.headers().get(VERSION_HEADER).filter(|_| !modern) {
         let known = version.to_str().ok().is_some_and(|v| PROTOCOL_VERSIONS.contains(&v));
         if !known {
-            // A 2026-07-28 client's `server/discover` probe lands here: the
-            // versions named send it back to `initialize`.
+            // A revision this gateway does not speak: the error names those
+            // it does, and the client chooses again.
             return Ok(unsupported_version(version));
         }
     }
@@ -148,7 +150,12 @@ async fn post(
     } else if method == "ping" {
         rpc_result(id, json!({}))
     } else if method == "server/discover" {
-        rpc_error(StatusCode::OK, id, METHOD_NOT_FOUND, "server/discover: this gateway speaks the handshake era")
+        rpc_error(
+            StatusCode::OK,
+            id,
+            METHOD_NOT_FOUND,
+            "server/discover is asked at 2026-07-28 (its MCP-Protocol-Version header)",
+        )
     } else {
         let Some(session) = parts.headers.get(SESSION_HEADER) else {
             let why = "the Mcp-Session-Id header is required: start with `initialize`";
