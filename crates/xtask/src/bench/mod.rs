@@ -563,6 +563,7 @@ const SLUICE_ONLY: &[(&str, &str)] = &[
     ("outbound", "A plugin's outbound call and routing decisions"),
     ("guardrail", "The streaming guardrail's added time to first token"),
     ("cli", "The plugin author's commands: push, pull, inspect beside skopeo"),
+    ("mcp", "The MCP gateway's added latency per tool call and per streamed notification"),
 ];
 
 /// Runs the Sluice-only benches against the release binary (built by
