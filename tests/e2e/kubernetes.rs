@@ -710,8 +710,9 @@ async fn a_route_or_plugin_cannot_read_the_gateways_files_or_environment_in_kube
 
 /// `sluice run --kubernetes` watching every namespace, its Leases in
 /// `lease_namespace`, with `args` (the harness starts gateways on one
-/// namespace).
-struct AllNamespacesGateway {
+/// namespace). On an apiserver of its own, or it would write status on the
+/// other tests' resources.
+pub(crate) struct AllNamespacesGateway {
     child: std::process::Child,
     listen: std::net::SocketAddr,
     log: PathBuf,
@@ -720,7 +721,7 @@ struct AllNamespacesGateway {
 }
 
 impl AllNamespacesGateway {
-    async fn start(cluster: &KubeCluster, lease_namespace: &str, args: &[&str]) -> AllNamespacesGateway {
+    pub(crate) async fn start(cluster: &KubeCluster, lease_namespace: &str, args: &[&str]) -> AllNamespacesGateway {
         let scratch = tempfile::tempdir().unwrap();
         let log = scratch.path().join("gateway.log");
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -737,7 +738,7 @@ impl AllNamespacesGateway {
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            // The echo upstreams are on loopback, refused by default on Kubernetes.
+            // The tests' upstreams are on loopback, refused by default on Kubernetes.
             .env("SLUICE_ALLOW_BACKEND_CIDR", "127.0.0.0/8")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -751,6 +752,11 @@ impl AllNamespacesGateway {
         })
         .await;
         gateway
+    }
+
+    /// POSTs `body` to `path` on the data plane listener.
+    pub(crate) async fn post(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> sluice_tests::Reply {
+        self.client.post(&format!("http://{}{path}", self.listen), body.to_string(), headers).await
     }
 
     /// Which upstream model served `model` (the backends rewrite it), if any did.

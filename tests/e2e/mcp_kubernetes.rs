@@ -9,13 +9,13 @@
 //! (`LoadReport.mcp_routes`): ready once its chain's plugins are loaded. No
 //! MCP server is reached here: the server URLs name a closed loopback port.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::{Gateway, KubeCluster, Options, eventually};
 
-use crate::kubernetes::cluster_with_namespace;
+use crate::kubernetes::{AllNamespacesGateway, cluster_with_namespace};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// Nothing listens there: the gateway does not call a server to serve a route.
@@ -225,69 +225,11 @@ async fn the_younger_of_two_mcp_routes_on_one_path_has_a_path_conflict() {
     wait_status(cluster, &ns, "younger", "the younger route to take the path", ready).await;
 }
 
-/// A gateway watching every namespace (no --watch-namespace), its Leases
-/// in `lease_namespace`: what a cluster shared by tenants runs. On an
-/// apiserver of its own, or it would write status on the other tests'
-/// resources.
-struct AllNamespacesGateway {
-    child: std::process::Child,
-    listen: std::net::SocketAddr,
-    log: PathBuf,
-    client: sluice_tests::Client,
-    _scratch: tempfile::TempDir,
-}
-
-impl AllNamespacesGateway {
-    async fn start(cluster: &KubeCluster, lease_namespace: &str, args: &[&str]) -> AllNamespacesGateway {
-        let scratch = tempfile::tempdir().unwrap();
-        let log = scratch.path().join("gateway.log");
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (listen, admin) = (free(), free());
-        let child = std::process::Command::new(sluice_tests::sluice_binary())
-            .args(["run", "--kubernetes", "--lease-namespace", lease_namespace, "--replica-name", "all-namespaces"])
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig())
-            .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
-            .arg("--cache-dir")
-            .arg(sluice_tests::shared_cache_dir())
-            .arg("--oci-cache-dir")
-            .arg(scratch.path().join("oci"))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            // The server URLs name loopback, refused by default on Kubernetes.
-            .env("SLUICE_ALLOW_BACKEND_CIDR", "127.0.0.0/8")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting sluice");
-        let gateway =
-            AllNamespacesGateway { child, listen, log, client: sluice_tests::Client::http1(), _scratch: scratch };
-        eventually("the gateway to be ready", WAIT, async || {
-            let request = hyper::Request::get(format!("http://{admin}/readyz")).body(sluice_tests::empty()).unwrap();
-            gateway.client.try_send(request).await.is_ok_and(|reply| reply.status == 200).then_some(())
-        })
-        .await;
-        gateway
-    }
-
-    /// Whether an MCP route serves `path`: a `ping` there is answered by
-    /// the gateway itself, never a 404 (which a path no route serves gets).
-    async fn serves(&self, path: &str) -> bool {
-        let url = format!("http://{}{path}", self.listen);
-        let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
-        self.client.post(&url, ping, &[("accept", "application/json, text/event-stream")]).await.status != 404
-    }
-}
-
-impl Drop for AllNamespacesGateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- gateway log ---\n{}--- end ---", std::fs::read_to_string(&self.log).unwrap_or_default());
-        }
-    }
+/// Whether an MCP route serves `path`: a `ping` there is answered by the
+/// gateway itself, never a 404 (which a path no route serves gets).
+async fn serves(gateway: &AllNamespacesGateway, path: &str) -> bool {
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    gateway.post(path, ping, &[("accept", "application/json, text/event-stream")]).await.status != 404
 }
 
 /// Age alone cannot decide whose an MCP path is: a squatter's route is the
@@ -321,7 +263,7 @@ async fn mcp_path_claims_grant_paths_to_namespaces_whatever_the_routes_age() {
             && why.contains("--mcp-path-claim"),
         "{why}"
     );
-    assert!(!gateway.serves("/mcp/owner/tools").await, "the squatter's route is served");
+    assert!(!serves(&gateway, "/mcp/owner/tools").await, "the squatter's route is served");
 
     // Creation times have whole seconds: a second apart, the squatter's is the older.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -329,8 +271,10 @@ async fn mcp_path_claims_grant_paths_to_namespaces_whatever_the_routes_age() {
     cluster.apply(&owners_route).await;
     let owners = wait_status(&cluster, owner, "tools", "the owner's route to be Ready", ready).await;
     assert_eq!(condition(&owners, "Accepted"), Some(("True", "Accepted")), "{owners:#}");
-    eventually("the owner's path to be served", WAIT, async || gateway.serves("/mcp/owner/tools").await.then_some(()))
-        .await;
+    eventually("the owner's path to be served", WAIT, async || {
+        serves(&gateway, "/mcp/owner/tools").await.then_some(())
+    })
+    .await;
     // The squatter's route stays refused for its namespace, not for a conflict.
     let squatters = get(&cluster, squatter, "tools").await;
     assert!(not_permitted(&squatters), "{:#}", squatters["status"]);
@@ -340,7 +284,7 @@ async fn mcp_path_claims_grant_paths_to_namespaces_whatever_the_routes_age() {
     cluster.kubectl_ok(&["delete", "mcproute", "tools", "-n", owner]).await;
     cluster.apply(&owners_route).await;
     wait_status(&cluster, owner, "tools", "the recreated route to be Ready", ready).await;
-    assert!(gateway.serves("/mcp/owner/tools").await);
+    assert!(serves(&gateway, "/mcp/owner/tools").await);
     let squatters = get(&cluster, squatter, "tools").await;
     assert!(not_permitted(&squatters), "{:#}", squatters["status"]);
 
@@ -351,7 +295,7 @@ async fn mcp_path_claims_grant_paths_to_namespaces_whatever_the_routes_age() {
     for (ns, name) in [(own, "own"), (owner, "beside")] {
         wait_status(&cluster, ns, name, "the route outside the grants refused", not_permitted).await;
     }
-    assert!(!gateway.serves("/mcp/own").await && !gateway.serves("/mcp/ownerx").await);
+    assert!(!serves(&gateway, "/mcp/own").await && !serves(&gateway, "/mcp/ownerx").await);
 
     let events = cluster.kubectl_ok(&["get", "events.events.k8s.io", "-n", squatter, "-o", "json"]).await;
     let events: Value = serde_json::from_str(&events).unwrap();

@@ -256,15 +256,46 @@ async fn run_chain(
 ) -> Result<Filtered, ApiError> {
     let route = routing.route;
     let mut request = plugin_request(route, model, outgoing, max_body_bytes);
+    let (engaged, marks, settlements) = match walk(&route.chain, Some(routing), &mut request, record).await? {
+        Walked::Forward(engaged, marks, settlements) => (engaged, marks, settlements),
+        Walked::Respond(response, _) => return Ok(Filtered::Respond(response)),
+    };
+    outgoing.headers = request.headers;
+    // Written here, once, if plugins edited it in place.
+    outgoing.body = request.body.bytes();
+    outgoing.routed_model = request.rerouted.then_some(request.model);
+    outgoing.routed_backend = request.backend;
+    Ok(Filtered::Forward(engaged, marks, settlements))
+}
+
+/// How a walk through a chain's request hooks ended.
+enum Walked {
+    /// The instances that wait for the response, the response headers the
+    /// plugins set, and the reservations to settle at its end.
+    Forward(Vec<Engaged>, HeaderMap, Vec<Settlement>),
+    /// A plugin answered (its reservations settled): the answer, and the
+    /// plugin's name.
+    Respond(http::Response<Body>, String),
+}
+
+/// Each plugin's request hook in chain order; the consumer is read when
+/// the auth phase ends. `routing` is what a plugin may route to (none on
+/// MCP traffic).
+async fn walk(
+    chain: &[Arc<LoadedPlugin>],
+    routing: Option<Routing<'_>>,
+    request: &mut PluginRequest,
+    record: &mut RequestRecord,
+) -> Result<Walked, ApiError> {
     let mut engaged = Vec::new();
     // The response headers each plugin set, in chain order.
     let mut marks = Vec::new();
     let mut settlements = Vec::new();
-    for (i, plugin) in route.chain.iter().enumerate() {
-        let step = request_filter(plugin, Some(routing), &mut request, Some(&mut *record), &mut settlements).await?;
+    for (i, plugin) in chain.iter().enumerate() {
+        let step = request_filter(plugin, routing, request, Some(&mut *record), &mut settlements).await?;
         marks.push(std::mem::take(&mut request.response_headers));
-        let auth_phase_ends = plugin.decl.phase == Phase::Auth
-            && route.chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
+        let auth_phase_ends =
+            plugin.decl.phase == Phase::Auth && chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
         if auth_phase_ends {
             record.consumer = consumer(&request.headers);
             request.consumer.clone_from(&record.consumer);
@@ -278,16 +309,11 @@ async fn run_chain(
                 // No upstream, no usage: a refusal counts the request alone,
                 // another answer (a cache's) what was reserved.
                 settle_all(settlements, response.status().as_u16(), None);
-                return Ok(Filtered::Respond(response));
+                return Ok(Walked::Respond(response, plugin.name().to_string()));
             }
         }
     }
-    outgoing.headers = request.headers;
-    // Written here, once, if plugins edited it in place.
-    outgoing.body = request.body.bytes();
-    outgoing.routed_model = request.rerouted.then_some(request.model);
-    outgoing.routed_backend = request.backend;
-    Ok(Filtered::Forward(engaged, response_marks(marks), settlements))
+    Ok(Walked::Forward(engaged, response_marks(marks), settlements))
 }
 
 /// How an MCP message's request phase ended.
@@ -307,32 +333,15 @@ pub async fn mcp_filters(
     request: &mut PluginRequest,
     record: &mut RequestRecord,
 ) -> Result<McpFiltered, ApiError> {
-    let mut marks = Vec::new();
-    let mut settlements = Vec::new();
-    let mut engaged = Vec::new();
-    for (i, plugin) in chain.iter().enumerate() {
-        let step = Box::pin(request_filter(plugin, None, request, Some(&mut *record), &mut settlements)).await?;
-        marks.push(std::mem::take(&mut request.response_headers));
-        let auth_phase_ends =
-            plugin.decl.phase == Phase::Auth && chain.get(i + 1).is_none_or(|next| next.decl.phase != Phase::Auth);
-        if auth_phase_ends {
-            record.consumer = consumer(&request.headers);
-            request.consumer.clone_from(&record.consumer);
+    // Boxed, as the chat path's chain is: a plugin call's state is large.
+    match Box::pin(walk(chain, None, request, record)).await? {
+        Walked::Forward(engaged, marks, settlements) => {
+            // No upstream usage to settle a reservation by: the message counts.
+            settle_all(settlements, 200, None);
+            Ok(McpFiltered::Forward(marks, engaged))
         }
-        match step {
-            Step::Continue(instance) => {
-                engaged.extend(instance.map(|instance| Engaged { plugin: plugin.clone(), instance, skipped: false }))
-            }
-            Step::Respond(mut response) => {
-                set_all(response.headers_mut(), &response_marks(marks));
-                settle_all(settlements, response.status().as_u16(), None);
-                return Ok(McpFiltered::Respond(response, plugin.name().to_string()));
-            }
-        }
+        Walked::Respond(response, plugin) => Ok(McpFiltered::Respond(response, plugin)),
     }
-    // No upstream usage to settle a reservation by: the message counts.
-    settle_all(settlements, 200, None);
-    Ok(McpFiltered::Forward(response_marks(marks), engaged))
 }
 
 /// The header in which auth plugins name the caller (the first-party auth

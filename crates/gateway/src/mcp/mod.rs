@@ -476,15 +476,9 @@ async fn in_session(
         },
         None => None,
     };
-    let response = match upstream::post_in_session(server, session, message.bytes(), passed_on, limit).await {
-        Ok((response, _)) => response,
-        Err(error) => {
-            tracing::warn!(route = %route.label, %error, "an MCP server failed a request");
-            return stream::failed_call(route, server, &call, &error.to_string());
-        }
-    };
     record.backend = Some(Label::from(server.url.as_str()));
-    stream::relay(route, server, response, rename, call, share, limit)
+    let sent = upstream::post_in_session(server, session, message.bytes(), passed_on, limit).await;
+    stream::answered(route, server, sent.map(|(response, _)| response), (rename, call, share), limit)
 }
 
 /// GET: the servers' own streams (messages outside any request) merged

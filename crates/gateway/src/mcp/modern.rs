@@ -135,15 +135,9 @@ pub async fn handle(
         consumer: record.consumer.clone(),
         engaged,
     };
-    let response = match upstream::post(server, None, message.bytes(), &headers).await {
-        Ok(response) => response,
-        Err(error) => {
-            tracing::warn!(route = %route.label, %error, "an MCP server failed a request");
-            return stream::failed_call(route, server, &call, &error.to_string());
-        }
-    };
     record.backend = Some(Label::from(server.url.as_str()));
-    stream::relay(route, server, response, rename, call, None, limit)
+    let sent = upstream::post(server, None, message.bytes(), &headers).await;
+    stream::answered(route, server, sent, (rename, call, None), limit)
 }
 
 /// `server/discover` for the route: its servers' answers merged, if every

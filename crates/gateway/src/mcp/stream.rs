@@ -18,7 +18,7 @@ use sluice_telemetry::metrics::{McpCallLabels, McpDurationLabels, metrics};
 use super::jsonrpc::{INTERNAL_ERROR, UPSTREAM_ERROR, rpc_error};
 use super::names;
 use super::shares::StreamShare;
-use super::upstream::is_stream;
+use super::upstream::{Failure, is_stream};
 use crate::body::{Body, BoxError};
 use crate::chain::Engaged;
 use crate::snapshot::{McpRoute, McpServer};
@@ -165,7 +165,7 @@ fn renamed(server: &str, data: &str, call: Option<(&Value, Rename)>) -> Option<(
 }
 
 /// The answer to a routed request, relayed as the server sends it.
-pub fn relay(
+fn relay(
     route: &McpRoute,
     server: &McpServer,
     response: http::Response<Incoming>,
@@ -411,8 +411,21 @@ impl Relay {
     }
 }
 
-/// A routed request the server failed before answering.
-pub fn failed_call(route: &McpRoute, server: &McpServer, call: &Call, why: &str) -> http::Response<Body> {
-    count_call(&route.label, &Label::from(server.name.as_str()), call, "error");
-    rpc_error(StatusCode::OK, call.id.clone(), UPSTREAM_ERROR, why)
+/// The answer to a routed request as the client gets it: relayed as the
+/// server sends it, or the JSON-RPC error its failure makes.
+pub fn answered(
+    route: &McpRoute,
+    server: &McpServer,
+    sent: Result<http::Response<Incoming>, Failure>,
+    (rename, call, share): (Rename, Call, Option<StreamShare>),
+    limit: usize,
+) -> http::Response<Body> {
+    match sent {
+        Ok(response) => relay(route, server, response, rename, call, share, limit),
+        Err(error) => {
+            tracing::warn!(route = %route.label, %error, "an MCP server failed a request");
+            count_call(&route.label, &Label::from(server.name.as_str()), &call, "error");
+            rpc_error(StatusCode::OK, call.id, UPSTREAM_ERROR, &error.to_string())
+        }
+    }
 }
