@@ -125,7 +125,7 @@ async fn the_sdk_sees_two_servers_as_one_and_calls_a_tool_on_each() {
 #[tokio::test]
 async fn a_pinned_older_revision_is_spoken_too() {
     let setup = setup(&[], "", Options::default()).await;
-    for version in ["2025-06-18", "2025-03-26"] {
+    for version in ["2025-06-18", "2025-03-26", "2024-11-05"] {
         let options = McpClientOptions { protocol: Some(version.into()), ..Default::default() };
         let whoami = mcp_client(&setup.gateway.url("/mcp"), &["call", "weather__whoami", "{}"], &options).await;
         assert_eq!(whoami["protocol"], version, "{whoami}");
@@ -279,10 +279,31 @@ async fn a_restarted_server_gets_a_new_session_and_the_client_notices_nothing() 
     assert!(setup.gateway.log().contains("forgot the session"), "{}", setup.gateway.log());
 }
 
+/// The secret the test's authorization server signs tokens with (HS256).
+const JWT_SECRET: &[u8] = b"an MCP e2e shared secret, 32 bytes or more";
+
+/// API keys and JWTs: the JWTs an authorization server issues for this
+/// route (its audience), as an MCP client gets them after OAuth.
 fn auth_plugin() -> Plugin {
+    use base64::Engine;
     use sha2::{Digest, Sha256};
     let digest: String = Sha256::digest(b"sk-mcp-e2e").iter().map(|b| format!("{b:02x}")).collect();
-    Plugin::new("auth", "auth").auth_phase().config(json!({"apiKeys": [{"consumer": "alice", "sha256": digest}]}))
+    let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(JWT_SECRET);
+    Plugin::new("auth", "auth").auth_phase().config(json!({
+        "apiKeys": [{"consumer": "alice", "sha256": digest}],
+        "jwt": {"jwks": {"keys": [{"kty": "oct", "kid": "idp-1", "k": k}]},
+            "issuer": "https://idp.example", "audience": "mcp-tools"}
+    }))
+}
+
+/// A token from the test's authorization server, for `sub`, expiring
+/// `expires_in` seconds from now (negative: already expired).
+fn jwt(sub: &str, expires_in: i64) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let claims = json!({"sub": sub, "iss": "https://idp.example", "aud": "mcp-tools", "exp": now + expires_in});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some("idp-1".into());
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET)).unwrap()
 }
 
 const AUTHORIZATION: &str =
@@ -321,6 +342,28 @@ async fn the_auth_plugin_guards_every_message_and_points_clients_at_the_metadata
     let metrics = setup.gateway.client().get(&setup.gateway.admin_url("/metrics")).await.text();
     let series = r#"sluice_mcp_calls_total{route="default/tools",server="weather",tool="weather__headers",consumer="key:alice",result="ok"} 1"#;
     assert!(metrics.contains(series), "{metrics}");
+
+    // A JWT from the authorization server, validated by the auth plugin, in
+    // both eras; an expired one is refused with the challenge the spec asks.
+    for (era, _) in ERAS {
+        let bearer = McpClientOptions {
+            headers: vec![("Authorization".into(), format!("Bearer {}", jwt("bob", 300)))],
+            protocol: era.map(String::from),
+            ..Default::default()
+        };
+        let headers = mcp_client(&setup.gateway.url("/mcp"), &["call", "files__headers", "{}"], &bearer).await;
+        let seen: Value = serde_json::from_str(text_of(&headers)).unwrap();
+        assert_eq!(seen["x-sluice-consumer"], "jwt:bob", "{era:?}: {seen}");
+        assert!(seen.get("authorization").is_none(), "the token reached the server: {seen}");
+    }
+    let expired = format!("Bearer {}", jwt("bob", -600));
+    let reply = setup
+        .gateway
+        .post("/mcp", initialize.to_string(), &[("content-type", "application/json"), ("authorization", &expired)])
+        .await;
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    let challenge = reply.header("www-authenticate").unwrap();
+    assert!(challenge.contains("invalid_token") && challenge.contains("resource_metadata="), "{challenge}");
 }
 
 #[tokio::test]

@@ -30,7 +30,6 @@ mod upstream;
 pub use admin::refresh_metrics;
 pub use body::ResponseBuffers;
 pub use gateway::{Gateway, Settings};
-pub use mcp::PROTOCOL_VERSIONS as MCP_PROTOCOL_VERSIONS;
 pub use mcp::session::{KeyError as McpKeyError, SessionKeys as McpSessionKeys};
 pub use server::{serve_admin, serve_data_plane, serve_metrics, serve_probes};
 pub use snapshot::{BuildReport, Snapshot};

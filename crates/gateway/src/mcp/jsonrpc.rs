@@ -8,11 +8,10 @@ use serde_json::{Map, Value, json};
 
 use crate::body::{Body, full, json_response};
 
-/// The revisions this gateway speaks with clients, newest first. The
-/// 2026-07-28 revision (stateless, `server/discover`) is not one yet: its
-/// probe is answered "method not found", on which clients of both eras
-/// fall back to `initialize`.
-pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// The handshake-era revisions this gateway speaks with clients, newest
+/// first (2026-07-28 is `modern::MODERN`). 2024-11-05 over Streamable HTTP,
+/// as the official SDK speaks it; its own HTTP+SSE transport is not served.
+pub const PROTOCOL_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 // JSON-RPC's codes, and MCP's.
 pub const PARSE_ERROR: i64 = -32700;
