@@ -348,6 +348,23 @@ async fn watched_namespaces_get_their_roles_and_the_leases_stay_home() {
     assert!(none.kinds("Role").is_empty() && none.kinds("RoleBinding").is_empty());
 }
 
+/// The MCP session keys: a Secret every replica mounts, named by file, so
+/// any replica continues any session.
+#[tokio::test]
+async fn mcp_session_keys_come_from_a_secret_every_replica_mounts() {
+    let helm = Helm::new();
+    let chart = render(&helm, "mcp:\n  sessionKeysSecret:\n    name: mcp-keys\n").await;
+    let keys = chart.flag("--mcp-session-keys");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(chart.file_source(&keys[0]), src("secret", "mcp-keys", "keys"));
+    let other_key = render(&helm, "mcp:\n  sessionKeysSecret:\n    name: mcp-keys\n    key: ring\n").await;
+    assert_eq!(other_key.file_source(&other_key.flag("--mcp-session-keys")[0]), src("secret", "mcp-keys", "ring"));
+    // None by default: each replica makes up its own key.
+    assert!(render(&helm, "{}\n").await.flag("--mcp-session-keys").is_empty());
+    refused(&helm, "mcp:\n  sessionKeysSecret:\n    name: k\n    key: ../x\n").await;
+    refused(&helm, "mcp:\n  keys: k\n").await;
+}
+
 #[tokio::test]
 async fn redis_comes_from_a_secret_without_showing_in_the_arguments() {
     let helm = Helm::new();
@@ -511,7 +528,7 @@ async fn every_value_set_is_valid_to_the_apiserver_strictly() {
     let everything = format!(
         "image:\n  digest: {DIGEST}\nimagePullSecrets: [{{name: regcred}}]\nwatchNamespaces: [{team}]\n\
          modelClaims: [{{namespace: {team}, models: gpt-*}}]\nhostAccess: {{filesUnder: [/plugins], env: [KEY]}}\n\
-         mcpPathClaims: [{{namespace: {team}, path: /mcp}}]\n\
+         mcpPathClaims: [{{namespace: {team}, path: /mcp}}]\nmcp: {{sessionKeysSecret: {{name: mcp-keys}}}}\n\
          caBundles: [{{configMap: corp-ca, key: ca.crt}}]\nregistry: {{credentials: {{secretName: regcred}}}}\n\
          redis: {{urlSecret: {{name: redis}}, passwordSecret: {{name: redis}}, ca: {{secret: r, key: ca.crt}}, \
          clientCertSecret: rc}}\nnetworkPolicy: {{httpFrom: [{{podSelector: {{}}}}]}}\n\
