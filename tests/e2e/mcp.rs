@@ -495,3 +495,27 @@ async fn a_routes_limits_stay_within_the_gateways_caps() {
     assert_eq!(listed["tools"].as_array().unwrap().len(), 3, "{listed}");
     assert!(setup.gateway.log().contains("an MCP listing was cut at its limit"), "{}", setup.gateway.log());
 }
+
+/// A tool call is a span of the GenAI conventions at a real OpenTelemetry
+/// Collector: `execute_tool <tool>`, with the tool and the MCP method.
+#[tokio::test]
+async fn a_tool_call_is_an_execute_tool_span_at_a_real_collector() {
+    let collector = sluice_tests::Collector::start().await;
+    let args = ["--otlp-endpoint", &collector.endpoint_grpc(), "--otlp-protocol", "grpc"].map(String::from).to_vec();
+    let setup = setup(&[], "", Options { args, ..Default::default() }).await;
+    let trace = "5".repeat(32);
+    let traceparent = format!("00-{trace}-{}-01", "6".repeat(16));
+    let options = McpClientOptions { headers: vec![("traceparent".into(), traceparent)], ..Default::default() };
+    let echoed =
+        mcp_client(&setup.gateway.url("/mcp"), &["call", "weather__echo", r#"{"text":"traced"}"#], &options).await;
+    assert_eq!(text_of(&echoed), "weather:traced");
+    let spans = collector
+        .wait_for_spans(|spans| spans.iter().any(|s| s.name == "execute_tool weather__echo"), Duration::from_secs(30))
+        .await;
+    let span = spans.iter().find(|s| s.name == "execute_tool weather__echo").unwrap();
+    assert_eq!((span.kind, span.trace_id.as_str()), (2, trace.as_str()), "{span:#?}");
+    assert_eq!(span.attributes["gen_ai.operation.name"], "execute_tool", "{span:#?}");
+    assert_eq!(span.attributes["gen_ai.tool.name"], "weather__echo", "{span:#?}");
+    assert_eq!(span.attributes["mcp.method.name"], "tools/call", "{span:#?}");
+    assert!(!format!("{span:?}").contains("traced"), "the arguments reached a span: {span:#?}");
+}
