@@ -155,6 +155,42 @@ fn resolve_plugin(
     Ok(decl)
 }
 
+/// What an upstream (a route's backend, an MCP route's server) may have of
+/// the gateway's own: its address, and the files and environment variables
+/// its API key (`apiKeyFile`, `apiKeyEnv`) and TLS settings name, each only
+/// as the operator allows.
+fn lent_to_upstream(
+    tenancy: &Tenancy,
+    url: &str,
+    (key_file, key_env): (Option<&str>, Option<&str>),
+    tls: Option<&BackendTlsSpec>,
+) -> Result<(), Problem> {
+    if let Some(file) = key_file {
+        host_file(tenancy, "apiKeyFile", file)?;
+    }
+    if let Some(tls) = tls {
+        for (field, file) in
+            [("tls.caFile", &tls.ca_file), ("tls.certFile", &tls.cert_file), ("tls.keyFile", &tls.key_file)]
+        {
+            if let Some(file) = file {
+                host_file(tenancy, field, file)?;
+            }
+        }
+    }
+    if let Some(why) = tenancy.backends.refuses_url(url) {
+        return Err(Problem::not_permitted(why));
+    }
+    if let Some(name) = key_env
+        && !tenancy.allows_env(name)
+    {
+        return Err(Problem::not_permitted(format!(
+            "apiKeyEnv `{name}`: this gateway lends a resource no environment variable of its own unless its \
+             operator allows it (--allow-host-env); use apiKeySecretRef"
+        )));
+    }
+    Ok(())
+}
+
 /// The declaration an AIModelRoute asks for. `plugin_exists` tells whether a
 /// GatewayPlugin is declared, so a typo is reported here rather than as a
 /// load failure.
@@ -186,29 +222,8 @@ fn resolve_route(
     redactions: &mut Redactions,
 ) -> Result<RouteDecl, Problem> {
     for backend in &route.spec.backends {
-        if let Some(file) = &backend.api_key_file {
-            host_file(tenancy, "apiKeyFile", file)?;
-        }
-        if let Some(tls) = &backend.tls {
-            for (field, file) in
-                [("tls.caFile", &tls.ca_file), ("tls.certFile", &tls.cert_file), ("tls.keyFile", &tls.key_file)]
-            {
-                if let Some(file) = file {
-                    host_file(tenancy, field, file)?;
-                }
-            }
-        }
-        if let Some(why) = tenancy.backends.refuses_url(&backend.url) {
-            return Err(Problem::not_permitted(why));
-        }
-        if let Some(name) = &backend.api_key_env
-            && !tenancy.allows_env(name)
-        {
-            return Err(Problem::not_permitted(format!(
-                "apiKeyEnv `{name}`: this gateway lends a resource no environment variable of its own unless its \
-                 operator allows it (--allow-host-env); use apiKeySecretRef"
-            )));
-        }
+        let key = (backend.api_key_file.as_deref(), backend.api_key_env.as_deref());
+        lent_to_upstream(tenancy, &backend.url, key, backend.tls.as_ref())?;
     }
     let mut decl = route.decl(Path::new("/")).map_err(Problem::invalid)?;
     let namespace = &decl.key.namespace;
@@ -308,29 +323,8 @@ fn resolve_mcp_route(
     // A server is an upstream like a backend: the same files, variables
     // and addresses are the gateway's own to lend or not.
     for server in &route.spec.servers {
-        if let Some(file) = &server.api_key_file {
-            host_file(tenancy, "apiKeyFile", file)?;
-        }
-        if let Some(tls) = &server.tls {
-            for (field, file) in
-                [("tls.caFile", &tls.ca_file), ("tls.certFile", &tls.cert_file), ("tls.keyFile", &tls.key_file)]
-            {
-                if let Some(file) = file {
-                    host_file(tenancy, field, file)?;
-                }
-            }
-        }
-        if let Some(why) = tenancy.backends.refuses_url(&server.url) {
-            return Err(Problem::not_permitted(why));
-        }
-        if let Some(name) = &server.api_key_env
-            && !tenancy.allows_env(name)
-        {
-            return Err(Problem::not_permitted(format!(
-                "apiKeyEnv `{name}`: this gateway lends a resource no environment variable of its own unless its \
-                 operator allows it (--allow-host-env); use apiKeySecretRef"
-            )));
-        }
+        let key = (server.api_key_file.as_deref(), server.api_key_env.as_deref());
+        lent_to_upstream(tenancy, &server.url, key, server.tls.as_ref())?;
     }
     let mut decl = route.decl(Path::new("/")).map_err(Problem::invalid)?;
     let namespace = &decl.key.namespace;
