@@ -89,8 +89,8 @@ async fn the_sdk_sees_two_servers_as_one_and_calls_a_tool_on_each() {
 
         let echoed = client_in(&setup.gateway, era, &["call", "weather__echo", r#"{"text":"hi"}"#]).await;
         assert_eq!(text_of(&echoed), "weather:hi");
-        let added = client_in(&setup.gateway, era, &["call", "files__add", r#"{"a":2,"b":40}"#]).await;
-        assert_eq!(added["structured"]["result"], 42, "{added}");
+        let added = client_in(&setup.gateway, era, &["call", "files__add", r#"{"a":2,"b":31337}"#]).await;
+        assert_eq!(added["structured"]["result"], 31339, "{added}");
 
         // Refused by the route's deny list, and unknown: JSON-RPC errors the
         // SDK raises, neither reaching a server.
@@ -112,7 +112,7 @@ async fn the_sdk_sees_two_servers_as_one_and_calls_a_tool_on_each() {
         .lines()
         .find(|l| l.contains("sluice::access") && l.contains(r#"tool="files__add""#))
         .unwrap_or_else(|| panic!("{log}"));
-    assert!(line.contains(r#"mcp_method="tools/call""#) && !line.contains("40"), "{line}");
+    assert!(line.contains(r#"mcp_method="tools/call""#) && !line.contains("31337"), "{line}");
     let metrics = setup.gateway.client().get(&setup.gateway.admin_url("/metrics")).await.text();
     for series in [
         r#"sluice_mcp_calls_total{route="default/tools",server="files",tool="files__add",consumer="",result="ok"} 2"#,
@@ -164,6 +164,24 @@ async fn progress_logs_and_cancellation_stream_through() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A request a server makes of the client (sampling) comes back to it
+/// through the gateway: its id is tagged with the server, and the client's
+/// answer goes to that server alone. At 2026-07-28 a server has no
+/// channel for such requests: its own JSON-RPC error reaches the client.
+#[tokio::test]
+async fn a_servers_sampling_request_reaches_the_client_and_its_answer_the_server() {
+    let setup = setup(&[], "", Options::default()).await;
+    let url = setup.gateway.url("/mcp");
+    let ask = ["call", "files__ask", r#"{"question":"ready?"}"#, "--sampling-reply", "yes"];
+    let legacy = McpClientOptions { protocol: Some("legacy".into()), ..Default::default() };
+    let heard = mcp_client(&url, &ask, &legacy).await;
+    assert_eq!(text_of(&heard), "files heard yes", "{heard}");
+    let modern = mcp_client(&url, &ask, &McpClientOptions::default()).await;
+    assert_eq!(modern["error"]["code"], -32600, "{modern}");
+    assert!(modern["error"]["message"].as_str().unwrap().contains("sampling/createMessage"), "{modern}");
+    let _ = &setup.weather;
 }
 
 #[tokio::test]

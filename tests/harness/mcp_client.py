@@ -47,6 +47,8 @@ Options:
   --then NAME ARGS_JSON   for `cancel`: the call made after the cancel
   --session-id ID         continue the handshake-era session ID (opened by
                           `session-out`) instead of opening one
+  --sampling-reply TEXT   answer the server's sampling requests with TEXT
+                          (without it the SDK refuses them)
   --trace                 add "http": every HTTP request the SDK made (method,
                           target, headers, JSON-RPC body and method), and its
                           response's status and headers
@@ -280,6 +282,11 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         logs.append(dump(params))
 
+    async def on_sampling(_context: Any, _params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        # The client's "model": it answers every sampling request so.
+        reply = types.TextContent(type="text", text=opts.sampling_reply or "")
+        return types.CreateMessageResult(role="assistant", content=reply, model="e2e-client")
+
     # The SDK's default timeouts (create_mcp_http_client), over `wire`.
     http = httpx2.AsyncClient(
         transport=wire,
@@ -292,7 +299,10 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             opts.url, http_client=http, terminate_on_close=opts.scenario != "session-out"
         ) as (read, write):
             # log_level: 2026-07-28 servers log only to requests that opt in.
-            async with ClientSession(read, write, logging_callback=on_log, log_level="debug") as session:
+            sampling = on_sampling if opts.sampling_reply is not None else None
+            async with ClientSession(
+                read, write, logging_callback=on_log, log_level="debug", sampling_callback=sampling
+            ) as session:
                 await connect(session, opts.protocol, opts.session_id)
                 out = await scenario(session, opts, logs, wire)
     except Exception as e:  # an MCPError from the handshake, an ExceptionGroup from the transport, ...
@@ -316,6 +326,7 @@ def main() -> None:
     parser.add_argument("--then", nargs=2, metavar=("NAME", "ARGS_JSON"))
     parser.add_argument("--session-id")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--sampling-reply")
     opts = parser.parse_intermixed_args()
     if opts.protocol not in ("auto", "legacy", *HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS):
         parser.error(f"--protocol {opts.protocol}: not auto, legacy or one of {KNOWN_PROTOCOL_VERSIONS}")

@@ -21,7 +21,8 @@ that era to it; `mcp_client.py --protocol legacy` talks the handshake era.
 
 Tools (NAME is in their answers, so a test sees which server answered):
 echo, add, count (progress and a log message), sleep (MCP_CANCEL_LOG gets
-a line `cancelled` when a call is cancelled), whoami, headers, big,
+a line `cancelled` when a call is cancelled), ask (sampling: a request to
+the client, in the handshake era), whoami, headers, big,
 interrupt, fail (a JSON-RPC error); a prompt `greet`, a resource
 `info://about` and a template `info://item/{id}`.
 
@@ -46,6 +47,7 @@ import warnings
 from typing import Any
 
 import anyio
+import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http import EventMessage, EventStore
@@ -109,6 +111,13 @@ def build(name: str) -> MCPServer:
     def headers(ctx: Context) -> str:
         """The HTTP request headers of this call, names lower case."""
         return json.dumps(dict(ctx.headers or {}))
+
+    @mcp.tool()
+    async def ask(question: str, ctx: Context) -> str:
+        """Asks the client's model (sampling, a request from the server to the client) and returns its answer."""
+        message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=question))
+        result = await ctx.session.create_message(messages=[message], max_tokens=16)
+        return f"{name} heard {result.content.text}"
 
     @mcp.tool()
     def big(kib: int) -> str:

@@ -78,8 +78,18 @@ pub async fn post(
             Err(Failure::SessionGone { server: server.name.clone() })
         }
         status if status.is_success() => Ok(response),
+        // A JSON-RPC error in the body at a 4xx (the spec's way at
+        // 2026-07-28): the answer, relayed as any other.
+        status if status.is_client_error() && is_json(response.headers()) => Ok(response),
         status => Err(Failure::Status { server: server.name.clone(), status: status.as_u16() }),
     }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"))
 }
 
 /// Opens the server's stream of messages outside any request (GET).
