@@ -86,10 +86,15 @@ pub async fn post(
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
+    content_type_is(headers, "application/json")
+}
+
+/// Whether the response's media type is `media_type` (parameters aside).
+fn content_type_is(headers: &HeaderMap, media_type: &str) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"))
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(media_type))
 }
 
 /// Opens the server's stream of messages outside any request (GET).
@@ -171,10 +176,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// Whether a response streams (SSE) rather than answering with one JSON
 /// message.
 pub fn is_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
+    content_type_is(headers, "text/event-stream")
 }
 
 /// Reads the answer to request `id` from a response, JSON or SSE, as the
